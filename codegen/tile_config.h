@@ -1,0 +1,94 @@
+// TileConfig: the tuning knobs of the generated kernels, as an immutable,
+// hashable, printable value (tinygrad's "options are values"; CUTLASS's
+// can_implement).
+//
+// One config serves every pass of a spec; each kernel reads the knobs it uses:
+//   block_tokens  T   tokens per tile of the feature map, state and output passes
+//   warps             warps per block (threads = 32 * warps)
+//   dv_block          columns of the value dimension one block owns; the grid
+//                     gets ceil(dv / dv_block) blocks along dv
+//   chunk         C   causal chunk size (tokens per intra-chunk masked product)
+//   state_splits      non-causal state pass: blocks per (batch, head) along the
+//                     sequence, reduced in a fixed order (deterministic)
+//   phi_backward      backward: recompute phi from q, k, or read it saved by the
+//                     forward (docs/ARCHITECTURE.md kernel plan)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "codegen/arch.h"
+#include "codegen/attention_spec.h"
+#include "common/result.h"
+
+namespace lunajit {
+
+enum class PhiInBackward { recompute, save };
+
+class TileConfig {
+ public:
+  TileConfig() = default;
+  TileConfig(int block_tokens, int warps, int dv_block, int chunk, int state_splits,
+             PhiInBackward phi_backward = PhiInBackward::recompute);
+
+  int block_tokens() const { return block_tokens_; }
+  int warps() const { return warps_; }
+  int threads() const { return 32 * warps_; }
+  int dv_block() const { return dv_block_; }
+  int chunk() const { return chunk_; }
+  int state_splits() const { return state_splits_; }
+  PhiInBackward phi_backward() const { return phi_backward_; }
+
+  // "T64.w4.dv64.C64.s4.recompute"
+  std::string to_string() const;
+  nlohmann::json to_json() const;
+  std::string hash() const;
+
+  bool operator==(const TileConfig&) const = default;
+  auto operator<=>(const TileConfig&) const = default;
+
+ private:
+  int block_tokens_ = 64;
+  int warps_ = 4;
+  int dv_block_ = 64;
+  int chunk_ = 64;
+  int state_splits_ = 4;
+  PhiInBackward phi_backward_ = PhiInBackward::recompute;
+};
+
+// Reads {"block_tokens": 64, "warps": 4, ...}; missing fields take `base`'s
+// values, unknown fields are errors.
+Result<TileConfig> tile_config_from_json(const nlohmann::json& j, const TileConfig& base);
+Result<TileConfig> tile_config_from_string(std::string_view json_text, const TileConfig& base);
+
+// Allowed values of each knob (the tuner's search space is a subset).
+inline constexpr int kBlockTokenChoices[] = {16, 32, 64, 128};
+inline constexpr int kWarpChoices[] = {1, 2, 4, 8};
+inline constexpr int kDvBlockChoices[] = {8, 16, 32, 64, 128, 256};
+inline constexpr int kChunkChoices[] = {16, 32, 64, 128};
+inline constexpr int kStateSplitChoices[] = {1, 2, 4, 8, 16};
+
+// Shared memory (bytes) each forward kernel of `spec` needs under `config`.
+struct ForwardSmem {
+  int64_t feature_map = 0;
+  int64_t state = 0;
+  int64_t output = 0;
+  int64_t causal_chunk = 0;
+};
+ForwardSmem forward_smem_bytes(const AttentionSpec& spec, const TileConfig& config);
+
+// Whether the kernels can run `config` for `spec` on `arch`; the error says which
+// limit is exceeded (shared memory, registers of the state accumulators, threads).
+Status can_implement(const AttentionSpec& spec, const TileConfig& config, const Arch& arch);
+
+// The default config for a spec on an arch: a pure function (no timing), the
+// largest tiles that can_implement accepts, preferring dv_block = value_dim.
+TileConfig default_config(const AttentionSpec& spec, const Arch& arch);
+
+// Every config can_implement accepts, in a fixed order (smallest tiles first).
+std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch);
+
+}  // namespace lunajit

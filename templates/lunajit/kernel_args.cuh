@@ -1,0 +1,63 @@
+// Arguments of every lunajit kernel, passed by value as the kernel's only
+// parameter (so a launch is `void* args[] = {&a}` on CUDA and on the host).
+//
+// This header is plain C++ as well as CUDA: the host library includes it to fill
+// the structs, so both sides agree on the ABI by construction.
+#pragma once
+
+#ifndef LUNAJIT_KERNEL_ARGS_INT64
+#define LUNAJIT_KERNEL_ARGS_INT64 long long
+#endif
+
+namespace lunajit {
+
+typedef LUNAJIT_KERNEL_ARGS_INT64 i64;
+
+// A [batch, seq, heads, dim] tensor with unit stride in dim (docs/ARCHITECTURE.md).
+// Strides are in elements, not bytes.
+struct TensorRef {
+  const void* data;
+  i64 stride_batch;
+  i64 stride_seq;
+  i64 stride_head;
+};
+
+struct MutableTensorRef {
+  void* data;
+  i64 stride_batch;
+  i64 stride_seq;
+  i64 stride_head;
+};
+
+struct Problem {
+  int batch;
+  int heads;
+  int seq;
+};
+
+// Feature map alone: phi = feature_map(x), written as fp32 [batch, seq, heads, D]
+// contiguous. `is_query` selects the query form where the family distinguishes
+// them (performer's stabiliser).
+struct FeatureMapArgs {
+  Problem problem;
+  TensorRef x;
+  float* phi;
+  const float* params;  // docs in codegen/feature_params.h
+  float* key_stab;      // [batch * heads]; performer only, written by key_stab_kernel
+  int is_query;
+};
+
+// Forward linear attention. `workspace` holds the non-causal state partials
+// [batch*heads, splits, D * dv + D] fp32 and performer's key stabiliser
+// [batch*heads]; its size comes from the launch plan.
+struct ForwardArgs {
+  Problem problem;
+  TensorRef q;
+  TensorRef k;
+  TensorRef v;
+  MutableTensorRef o;
+  const float* params;
+  float* workspace;
+};
+
+}  // namespace lunajit
