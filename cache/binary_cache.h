@@ -9,6 +9,18 @@
 // Writes go to a temp file renamed into place (readers never see a torn file);
 // a corrupted or truncated entry is reported as a miss, removed and logged.
 // A directory that cannot be written degrades to memory-only with one warning.
+//
+// On-disk layout of one entry, <dir>/bin/<key[0:2]>/<key>.bin (little endian):
+//   offset  0  8 bytes  magic "LUNAJITB"
+//   offset  8  u32      schema version (kBinaryCacheSchema)
+//   offset 12  u64      payload size in bytes
+//   offset 20  16 bytes XXH3-128 of the payload (XXH128_canonical_t, big endian)
+//   offset 36           payload
+// Writers create "<key>.bin.tmp-<pid>-<thread>-<n>" beside the entry and rename
+// it into place while holding an fcntl write lock on <dir>/bin/.lock, after
+// re-checking that no valid entry appeared meanwhile; readers never lock.
+// Keys are expected to be hex digests; a key with characters other than
+// [0-9A-Za-z_-] (or longer than 128) is stored under content_hash(key).
 #pragma once
 
 #include <atomic>
@@ -19,14 +31,23 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lunajit {
+
+inline constexpr std::uint32_t kBinaryCacheSchema = 1;
 
 struct CacheCounters {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t writes = 0;
   uint64_t corrupt = 0;  // entries found damaged and removed
+};
+
+// What is on disk (or in memory, when not persistent).
+struct CacheUsage {
+  uint64_t entries = 0;
+  uint64_t bytes = 0;  // file sizes, headers included
 };
 
 class BinaryCache {
@@ -39,22 +60,38 @@ class BinaryCache {
   static BinaryCache& global();
   static std::filesystem::path default_dir();
 
+  // The payload stored under `key`, or nullopt (a miss). A damaged entry counts
+  // as a miss and as `corrupt`, is removed, and a warning goes to stderr.
   std::optional<std::string> get(std::string_view key);
+  // Stores `bytes` under `key`. If another writer (thread or process) stored a
+  // valid entry first, that one is kept: equal keys mean equal contents.
+  // I/O failures are reported once on stderr and fall back to memory.
   void put(std::string_view key, std::string_view bytes);
+  // Removes the entry; true if there was one.
+  bool remove(std::string_view key);
+  // Removes every entry and leftover temp file; returns the number of entries removed.
+  uint64_t clear();
+  // The keys present (entries whose file name is a stored key), sorted.
+  std::vector<std::string> keys() const;
+  CacheUsage usage() const;
 
   CacheCounters counters() const;
   void reset_counters();
   const std::filesystem::path& dir() const { return dir_; }
-  bool persistent() const { return persistent_; }
-
- private:
+  bool persistent() const { return persistent_.load(); }
+  // Where the entry for `key` lives (whether or not it exists).
   std::filesystem::path entry_path(std::string_view key) const;
 
+ private:
+  void degrade_to_memory(const std::string& why);
+  void count_corrupt(const std::filesystem::path& path, const std::string& reason);
+
   std::filesystem::path dir_;
-  bool persistent_ = true;
+  std::atomic<bool> persistent_{true};
   mutable std::mutex mu_;
   std::map<std::string, std::string, std::less<>> memory_;  // used when not persistent
   CacheCounters counters_;
+  bool warned_io_ = false;
 };
 
 }  // namespace lunajit
