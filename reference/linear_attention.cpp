@@ -1,0 +1,312 @@
+// Linear attention in double: per-head forward (recurrent, chunked, as a weight
+// matrix) and backward, and the whole-tensor drivers that apply the feature map.
+#include "reference/linear_attention.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace lunajit::reference {
+namespace {
+
+double dot(const double* a, const double* b, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// S += phi v^T (S [D, dv]) and z += phi.
+void add_outer(const double* phi, const double* v, int D, int dv, double* S, double* z) {
+  for (int f = 0; f < D; ++f) {
+    for (int c = 0; c < dv; ++c) S[int64_t(f) * dv + c] += phi[f] * v[c];
+    z[f] += phi[f];
+  }
+}
+
+// num = phi^T S [dv] and den = phi^T z + eps (1 when not normalized); o = num / den.
+double read_state(const double* phi, const double* S, const double* z, int D, int dv,
+                  const AttentionMode& mode, double* o) {
+  std::fill(o, o + dv, 0.0);
+  for (int f = 0; f < D; ++f)
+    for (int c = 0; c < dv; ++c) o[c] += phi[f] * S[int64_t(f) * dv + c];
+  const double den = mode.normalize ? dot(phi, z, D) + mode.eps : 1.0;
+  for (int c = 0; c < dv; ++c) o[c] /= den;
+  return den;
+}
+
+// The parameter block of head h, as a span over the whole buffer.
+std::span<const double> head_block(const AttentionSpec& spec, std::span<const double> params, int h) {
+  const int64_t size = param_layout(spec).per_head_floats;
+  return params.subspan(param_block_offset(spec, h), size);
+}
+
+}  // namespace
+
+AttentionMode mode_of(const AttentionSpec& spec) { return {spec.causal, spec.normalize, spec.eps}; }
+
+void linear_attention_head(const double* phi_q, const double* phi_k, const double* v, int n, int D,
+                           int dv, const AttentionMode& mode, double* o) {
+  std::vector<double> S(size_t(D) * dv, 0.0), z(D, 0.0);
+  if (!mode.causal) {
+    for (int j = 0; j < n; ++j) add_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, S.data(), z.data());
+  }
+  for (int i = 0; i < n; ++i) {
+    if (mode.causal) add_outer(phi_k + int64_t(i) * D, v + int64_t(i) * dv, D, dv, S.data(), z.data());
+    read_state(phi_q + int64_t(i) * D, S.data(), z.data(), D, dv, mode, o + int64_t(i) * dv);
+  }
+}
+
+void linear_attention_head_chunked(const double* phi_q, const double* phi_k, const double* v,
+                                   int n, int D, int dv, const AttentionMode& mode, int chunk,
+                                   double* o) {
+  if (!mode.causal || chunk < 1) {
+    linear_attention_head(phi_q, phi_k, v, n, D, dv, mode, o);
+    return;
+  }
+  std::vector<double> S(size_t(D) * dv, 0.0), z(D, 0.0);  // state of chunks < c
+  for (int c0 = 0; c0 < n; c0 += chunk) {
+    const int c1 = std::min(n, c0 + chunk);
+    for (int i = c0; i < c1; ++i) {
+      const double* pq = phi_q + int64_t(i) * D;
+      double* oi = o + int64_t(i) * dv;
+      std::vector<double> num(dv, 0.0);
+      double den = 0;
+      for (int j = c0; j <= i; ++j) {  // intra-chunk: (Phi_q Phi_k^T masked) V
+        const double a = dot(pq, phi_k + int64_t(j) * D, D);
+        for (int c = 0; c < dv; ++c) num[c] += a * v[int64_t(j) * dv + c];
+        den += a;
+      }
+      for (int f = 0; f < D; ++f) {  // inter-chunk: Phi_q S_<c
+        for (int c = 0; c < dv; ++c) num[c] += pq[f] * S[int64_t(f) * dv + c];
+        den += pq[f] * z[f];
+      }
+      const double scale = mode.normalize ? 1.0 / (den + mode.eps) : 1.0;
+      for (int c = 0; c < dv; ++c) oi[c] = num[c] * scale;
+    }
+    for (int j = c0; j < c1; ++j) add_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, S.data(), z.data());
+  }
+}
+
+void linear_attention_head_weights(const double* phi_q, const double* phi_k, int n, int D,
+                                   const AttentionMode& mode, double* A) {
+  for (int i = 0; i < n; ++i) {
+    double* row = A + int64_t(i) * n;
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      row[j] = (mode.causal && j > i) ? 0.0 : dot(phi_q + int64_t(i) * D, phi_k + int64_t(j) * D, D);
+      sum += row[j];
+    }
+    if (mode.normalize)
+      for (int j = 0; j < n; ++j) row[j] /= sum + mode.eps;
+  }
+}
+
+void linear_attention_head_backward(const double* phi_q, const double* phi_k, const double* v,
+                                    int n, int D, int dv, const AttentionMode& mode,
+                                    const double* dout, double* dphi_q, double* dphi_k,
+                                    double* dv_out) {
+  // Forward sweep: o_i, den_i and dphi_q_i = S_i g_i + z_i r_i with the state each query saw.
+  std::vector<double> S(size_t(D) * dv, 0.0), z(D, 0.0), o(dv);
+  std::vector<double> g(size_t(n) * dv), r(n, 0.0);
+  if (!mode.causal) {
+    for (int j = 0; j < n; ++j) add_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, S.data(), z.data());
+  }
+  for (int i = 0; i < n; ++i) {
+    if (mode.causal) add_outer(phi_k + int64_t(i) * D, v + int64_t(i) * dv, D, dv, S.data(), z.data());
+    const double den = read_state(phi_q + int64_t(i) * D, S.data(), z.data(), D, dv, mode, o.data());
+    const double* dO = dout + int64_t(i) * dv;
+    double* gi = g.data() + int64_t(i) * dv;
+    for (int c = 0; c < dv; ++c) gi[c] = dO[c] / den;
+    r[i] = mode.normalize ? -dot(dO, o.data(), dv) / den : 0.0;
+    double* dq = dphi_q + int64_t(i) * D;
+    for (int f = 0; f < D; ++f) dq[f] = dot(S.data() + int64_t(f) * dv, gi, dv) + z[f] * r[i];
+  }
+  // Reverse sweep: dS, dz summed over the queries that saw key j (all, or i >= j).
+  std::vector<double> dS(size_t(D) * dv, 0.0), dz(D, 0.0);
+  auto add_query = [&](int i) {  // dS += phi_q_i g_i^T ; dz += phi_q_i r_i
+    const double* pq = phi_q + int64_t(i) * D;
+    for (int f = 0; f < D; ++f) {
+      for (int c = 0; c < dv; ++c) dS[int64_t(f) * dv + c] += pq[f] * g[int64_t(i) * dv + c];
+      dz[f] += pq[f] * r[i];
+    }
+  };
+  if (!mode.causal)
+    for (int i = 0; i < n; ++i) add_query(i);
+  for (int j = n - 1; j >= 0; --j) {
+    if (mode.causal) add_query(j);
+    const double* pk = phi_k + int64_t(j) * D;
+    const double* vj = v + int64_t(j) * dv;
+    double* dk = dphi_k + int64_t(j) * D;
+    for (int f = 0; f < D; ++f) dk[f] = dot(dS.data() + int64_t(f) * dv, vj, dv) + dz[f];
+    double* dvj = dv_out + int64_t(j) * dv;
+    for (int c = 0; c < dv; ++c) {
+      double s = 0;
+      for (int f = 0; f < D; ++f) s += dS[int64_t(f) * dv + c] * pk[f];
+      dvj[c] = s;
+    }
+  }
+}
+
+Result<Stabilizers> performer_stabilizers(const AttentionSpec& spec, const AttentionShape& shape,
+                                          std::span<const double> q, std::span<const double> k,
+                                          std::span<const double> params) {
+  if (Status st = check_sizes(spec, shape, q.size(), k.size(), k.size() / spec.head_dim * spec.value_dim,
+                              params.size());
+      !st)
+    return st.error();
+  const int N = shape.seq, H = shape.heads;
+  Stabilizers stab{std::vector<double>(size_t(shape.batch) * H * N, 0.0),
+                   std::vector<double>(size_t(shape.batch) * H, 0.0)};
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < H; ++h) {
+      const FeatureMap fm(spec, head_block(spec, params, h));
+      const std::vector<double> qh = gather_head(q, shape, spec.head_dim, b, h);
+      const std::vector<double> kh = gather_head(k, shape, spec.head_dim, b, h);
+      const std::vector<double> sq = fm.stabilizers(qh.data(), N, Role::query);
+      std::copy(sq.begin(), sq.end(), stab.query.begin() + (int64_t(b) * H + h) * N);
+      stab.key[int64_t(b) * H + h] = fm.stabilizers(kh.data(), N, Role::key)[0];
+    }
+  return stab;
+}
+
+namespace {
+
+// Per-row stabilizers of (b, h) for `role`, from the frozen set.
+std::vector<double> head_stab(const Stabilizers& stab, const AttentionShape& shape, int b, int h,
+                              Role role) {
+  const int64_t bh = int64_t(b) * shape.heads + h;
+  if (role == Role::key) return std::vector<double>(shape.seq, stab.key[bh]);
+  return {stab.query.begin() + bh * shape.seq, stab.query.begin() + (bh + 1) * shape.seq};
+}
+
+Status check_stab(const Stabilizers& stab, const AttentionShape& shape) {
+  const size_t bh = size_t(shape.batch) * shape.heads;
+  if (stab.key.size() != bh || stab.query.size() != bh * shape.seq)
+    return Error::invalid(fmt::format("frozen stabilizers have {} query and {} key values: expected {} and {}",
+                                      stab.query.size(), stab.key.size(), bh * shape.seq, bh));
+  return ok_status();
+}
+
+// Stabilizers to use: the frozen ones, or those of q, k.
+Result<Stabilizers> resolve_stab(const AttentionSpec& spec, const AttentionShape& shape,
+                                 std::span<const double> q, std::span<const double> k,
+                                 std::span<const double> params, const Stabilizers* frozen) {
+  if (!frozen) return performer_stabilizers(spec, shape, q, k, params);
+  if (Status st = check_stab(*frozen, shape); !st) return st.error();
+  return *frozen;
+}
+
+// phi of the (b, h) rows x_h [seq, d] into [seq, D].
+std::vector<double> head_features(const FeatureMap& fm, const std::vector<double>& xh,
+                                  const std::vector<double>& stab, int seq) {
+  std::vector<double> phi(size_t(seq) * fm.dim());
+  fm.forward(xh.data(), seq, RowContext{seq, 1, stab.data()}, phi.data());
+  return phi;
+}
+
+}  // namespace
+
+Result<std::vector<double>> feature_map(const AttentionSpec& spec, const AttentionShape& shape,
+                                        std::span<const double> x, std::span<const double> params,
+                                        Role role, const Stabilizers* frozen) {
+  Result<Stabilizers> stab = resolve_stab(spec, shape, x, x, params, frozen);
+  if (!stab) return stab.error();
+  const int D = spec.feature_dim();
+  std::vector<double> phi(size_t(shape.rows()) * D);
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const FeatureMap fm(spec, head_block(spec, params, h));
+      const std::vector<double> xh = gather_head(x, shape, spec.head_dim, b, h);
+      const std::vector<double> ph = head_features(fm, xh, head_stab(*stab, shape, b, h, role), shape.seq);
+      scatter_head(ph, shape, D, b, h, phi);
+    }
+  return phi;
+}
+
+Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
+                                               const AttentionShape& shape,
+                                               std::span<const double> q,
+                                               std::span<const double> k,
+                                               std::span<const double> v,
+                                               std::span<const double> params,
+                                               const Stabilizers* frozen) {
+  if (Status st = check_sizes(spec, shape, q.size(), k.size(), v.size(), params.size()); !st)
+    return st.error();
+  Result<Stabilizers> stab = resolve_stab(spec, shape, q, k, params, frozen);
+  if (!stab) return stab.error();
+  const int N = shape.seq, d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
+  ForwardResult res{std::vector<double>(size_t(shape.rows()) * dv), std::move(*stab)};
+  std::vector<double> oh(size_t(N) * dv);
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const FeatureMap fm(spec, head_block(spec, params, h));
+      const auto pq = head_features(fm, gather_head(q, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::query), N);
+      const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::key), N);
+      const auto vh = gather_head(v, shape, dv, b, h);
+      linear_attention_head(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), oh.data());
+      scatter_head(oh, shape, dv, b, h, res.out);
+    }
+  return res;
+}
+
+Result<Gradients> linear_attention_backward(const AttentionSpec& spec, const AttentionShape& shape,
+                                            std::span<const double> q, std::span<const double> k,
+                                            std::span<const double> v,
+                                            std::span<const double> params,
+                                            std::span<const double> dout,
+                                            const Stabilizers* frozen) {
+  if (Status st = check_sizes(spec, shape, q.size(), k.size(), v.size(), params.size()); !st)
+    return st.error();
+  if (dout.size() != v.size())
+    return Error::invalid(fmt::format("dout has {} elements: expected {} (the shape of v)", dout.size(), v.size()));
+  Result<Stabilizers> stab = resolve_stab(spec, shape, q, k, params, frozen);
+  if (!stab) return stab.error();
+  const int N = shape.seq, d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
+  Gradients grad{std::vector<double>(q.size(), 0.0), std::vector<double>(k.size(), 0.0),
+                 std::vector<double>(v.size(), 0.0), std::vector<double>(params.size(), 0.0)};
+  std::vector<double> dpq(size_t(N) * D), dpk(size_t(N) * D), dvh(size_t(N) * dv);
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const FeatureMap fm(spec, head_block(spec, params, h));
+      const auto qh = gather_head(q, shape, d, b, h), kh = gather_head(k, shape, d, b, h);
+      const auto sq = head_stab(*stab, shape, b, h, Role::query), sk = head_stab(*stab, shape, b, h, Role::key);
+      const auto pq = head_features(fm, qh, sq, N), pk = head_features(fm, kh, sk, N);
+      const auto vh = gather_head(v, shape, dv, b, h), doh = gather_head(dout, shape, dv, b, h);
+      linear_attention_head_backward(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), doh.data(),
+                                     dpq.data(), dpk.data(), dvh.data());
+      std::vector<double> dqh(size_t(N) * d, 0.0), dkh(size_t(N) * d, 0.0);
+      double* dparams = grad.dparams.data() + param_block_offset(spec, h);
+      fm.backward(qh.data(), N, RowContext{N, 1, sq.data()}, dpq.data(), dqh.data(), dparams);
+      fm.backward(kh.data(), N, RowContext{N, 1, sk.data()}, dpk.data(), dkh.data(), dparams);
+      scatter_head(dqh, shape, d, b, h, grad.dq);
+      scatter_head(dkh, shape, d, b, h, grad.dk);
+      scatter_head(dvh, shape, dv, b, h, grad.dv);
+    }
+  return grad;
+}
+
+Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
+                                                     const AttentionShape& shape,
+                                                     std::span<const double> q,
+                                                     std::span<const double> k,
+                                                     std::span<const double> params) {
+  if (Status st = check_sizes(spec, shape, q.size(), k.size(), k.size() / spec.head_dim * spec.value_dim,
+                              params.size());
+      !st)
+    return st.error();
+  Result<Stabilizers> stab = performer_stabilizers(spec, shape, q, k, params);
+  if (!stab) return stab.error();
+  const int N = shape.seq, d = spec.head_dim, D = spec.feature_dim();
+  std::vector<double> A(size_t(shape.batch) * shape.heads * N * N);
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const FeatureMap fm(spec, head_block(spec, params, h));
+      const auto pq = head_features(fm, gather_head(q, shape, d, b, h), head_stab(*stab, shape, b, h, Role::query), N);
+      const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(*stab, shape, b, h, Role::key), N);
+      linear_attention_head_weights(pq.data(), pk.data(), N, D, mode_of(spec),
+                                    A.data() + (int64_t(b) * shape.heads + h) * N * N);
+    }
+  return A;
+}
+
+}  // namespace lunajit::reference

@@ -1,0 +1,118 @@
+// Linear attention forward and backward in double (docs/MATH.md §1): per head on
+// precomputed features, and on whole [batch, seq, heads, *] tensors through the
+// feature map of the spec. The oracle every kernel (GPU and host emulation) is
+// checked against.
+//
+// Causal attention here is the running-state recurrence S_i = S_{i-1} + phi(k_i) v_i^T
+// (no chunks); linear_attention_head_chunked is MATH.md's chunked form, and
+// linear_attention_head_weights the O(n^2) masked matrix, both kept as
+// independent formulas that the tests hold against the recurrence.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "codegen/attention_spec.h"
+#include "common/result.h"
+#include "reference/feature_map.h"
+#include "reference/tensor_layout.h"
+
+namespace lunajit::reference {
+
+// How features combine into outputs: causal mask, normalization, den epsilon.
+struct AttentionMode {
+  bool causal = false;
+  bool normalize = true;
+  double eps = 1e-6;
+};
+
+// The mode a spec asks for.
+AttentionMode mode_of(const AttentionSpec& spec);
+
+// One (batch, head): o [n, dv] from phi_q, phi_k [n, D] and v [n, dv];
+// o_i = phi_q_i^T S / (phi_q_i^T z + eps) when normalized, phi_q_i^T S otherwise,
+// with S, z over all keys (non-causal) or keys j <= i (causal recurrence).
+void linear_attention_head(const double* phi_q, const double* phi_k, const double* v, int n, int D,
+                           int dv, const AttentionMode& mode, double* o);
+
+// MATH.md's chunked causal form with chunk size `chunk` (intra-chunk masked
+// product plus the state of earlier chunks); equal to the causal recurrence up to
+// rounding. Non-causal modes ignore `chunk`.
+void linear_attention_head_chunked(const double* phi_q, const double* phi_k, const double* v,
+                                   int n, int D, int dv, const AttentionMode& mode, int chunk,
+                                   double* o);
+
+// The attention matrix A [n, n] of linear attention, so that o = A v:
+// A_ij = <phi_q_i, phi_k_j> / (sum_j' <phi_q_i, phi_k_j'> + eps) when normalized
+// (sums over j' <= i when causal), the raw products when not; masked entries are 0.
+void linear_attention_head_weights(const double* phi_q, const double* phi_k, int n, int D,
+                                   const AttentionMode& mode, double* A);
+
+// Backward of linear_attention_head (MATH.md §1): from dO [n, dv], writes
+// dphi_q, dphi_k [n, D] and dv [n, dv] (overwritten, not accumulated).
+void linear_attention_head_backward(const double* phi_q, const double* phi_k, const double* v,
+                                    int n, int D, int dv, const AttentionMode& mode,
+                                    const double* dout, double* dphi_q, double* dphi_k,
+                                    double* dv_out);
+
+// Performer stabilizers of a problem: query [batch, heads, seq] (per query row)
+// and key [batch, heads] (one per (batch, head)); zeros for other families. They
+// are what the forward pass subtracts, and what a caller freezes to take finite
+// differences of the stop-gradient function (feature_map.h).
+struct Stabilizers {
+  std::vector<double> query;
+  std::vector<double> key;
+};
+
+// The stabilizers the forward pass would use for q and k.
+Result<Stabilizers> performer_stabilizers(const AttentionSpec& spec, const AttentionShape& shape,
+                                          std::span<const double> q, std::span<const double> k,
+                                          std::span<const double> params);
+
+// phi of a whole [batch, seq, heads, d] tensor into [batch, seq, heads, D], with
+// role-specific stabilizers (computed unless `frozen` gives them).
+Result<std::vector<double>> feature_map(const AttentionSpec& spec, const AttentionShape& shape,
+                                        std::span<const double> x, std::span<const double> params,
+                                        Role role, const Stabilizers* frozen = nullptr);
+
+struct ForwardResult {
+  std::vector<double> out;  // [batch, seq, heads, dv]
+  Stabilizers stab;         // what the pass used
+};
+
+// Linear attention of spec on q, k, v with params (the flat buffer, as double).
+// `frozen` replaces the performer stabilizers the pass would compute.
+Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
+                                               const AttentionShape& shape,
+                                               std::span<const double> q,
+                                               std::span<const double> k,
+                                               std::span<const double> v,
+                                               std::span<const double> params,
+                                               const Stabilizers* frozen = nullptr);
+
+struct Gradients {
+  std::vector<double> dq, dk, dv;  // shaped like q, k, v
+  std::vector<double> dparams;     // shaped like params; fixed tensors stay 0
+};
+
+// Exact gradient of sum(dout * out) of linear_attention_forward with respect to
+// q, k, v and every learned parameter (summed over query and key tokens of all
+// batches; per head block when params are per head, else over heads into the
+// one block). Performer stabilizers are stop-gradient (feature_map.h).
+Result<Gradients> linear_attention_backward(const AttentionSpec& spec, const AttentionShape& shape,
+                                            std::span<const double> q, std::span<const double> k,
+                                            std::span<const double> v,
+                                            std::span<const double> params,
+                                            std::span<const double> dout,
+                                            const Stabilizers* frozen = nullptr);
+
+// The linear-attention weight matrices [batch, heads, seq, seq] of spec
+// (linear_attention_head_weights per head): the student side of conversion
+// distillation (MATH.md §4), comparable with quadratic_weights().
+Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
+                                                     const AttentionShape& shape,
+                                                     std::span<const double> q,
+                                                     std::span<const double> k,
+                                                     std::span<const double> params);
+
+}  // namespace lunajit::reference
