@@ -102,8 +102,10 @@ struct AttentionSpec {
   // Feature dimension D of phi (docs/MATH.md §2, per family).
   int feature_dim() const;
 
-  bool operator==(const AttentionSpec&) const = default;
 };
+
+// Specs are equal when their canonical JSON is (unused families' options are ignored).
+bool operator==(const AttentionSpec& a, const AttentionSpec& b);
 
 // The default spec of a family (all defaults resolved: value_dim = head_dim, ...).
 AttentionSpec default_spec(Family f);

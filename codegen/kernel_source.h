@@ -37,4 +37,7 @@ struct KernelSource {
   const KernelEntry* entry(std::string_view role) const;
 };
 
+// Hash of every embedded header (templates and CUDA headers), computed once.
+const std::string& embedded_headers_hash();
+
 }  // namespace lunajit

@@ -68,7 +68,7 @@ Result<TileConfig> tile_config_from_string(std::string_view json_text, const Til
 inline constexpr int kBlockTokenChoices[] = {16, 32, 64, 128};
 inline constexpr int kWarpChoices[] = {1, 2, 4, 8};
 inline constexpr int kDvBlockChoices[] = {8, 16, 32, 64, 128, 256};
-inline constexpr int kChunkChoices[] = {16, 32, 64, 128};
+inline constexpr int kChunkChoices[] = {8, 16, 32, 64, 128};
 inline constexpr int kStateSplitChoices[] = {1, 2, 4, 8, 16};
 
 // Shared memory (bytes) each forward kernel of `spec` needs under `config`.

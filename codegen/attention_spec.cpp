@@ -1,0 +1,356 @@
+#include "codegen/attention_spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/hash.h"
+
+namespace lunajit {
+namespace {
+
+using nlohmann::json;
+
+template <class E, size_t N>
+Result<E> parse_enum(std::string_view field, std::string_view s, const std::pair<std::string_view, E> (&table)[N]) {
+  std::string allowed;
+  for (const auto& [name, value] : table) {
+    if (name == s) return value;
+    allowed += allowed.empty() ? "" : ", ";
+    allowed += name;
+  }
+  return Error::invalid(fmt::format("{} = \"{}\": unknown value; allowed: {}", field, s, allowed));
+}
+
+constexpr std::pair<std::string_view, Family> kFamilies[] = {
+    {"luna", Family::luna}, {"performer", Family::performer}, {"rff", Family::rff},
+    {"elu", Family::elu},   {"relu", Family::relu},           {"t2r", Family::t2r},
+    {"hedgehog", Family::hedgehog}, {"cosformer", Family::cosformer}, {"slay", Family::slay}};
+constexpr std::pair<std::string_view, DType> kDTypes[] = {
+    {"fp32", DType::fp32}, {"fp16", DType::fp16}, {"bf16", DType::bf16}};
+constexpr std::pair<std::string_view, Activation> kActivations[] = {
+    {"relu", Activation::relu}, {"gelu", Activation::gelu}, {"silu", Activation::silu}, {"tanh", Activation::tanh}};
+constexpr std::pair<std::string_view, OutputActivation> kOutputActivations[] = {
+    {"relu", OutputActivation::relu}, {"softplus", OutputActivation::softplus}, {"none", OutputActivation::none}};
+constexpr std::pair<std::string_view, LunaVariant> kVariants[] = {
+    {"neural", LunaVariant::neural}, {"bank_coef", LunaVariant::bank_coef}, {"rff", LunaVariant::rff}};
+
+template <class E, size_t N>
+std::string_view enum_name(E e, const std::pair<std::string_view, E> (&table)[N]) {
+  for (const auto& [name, value] : table)
+    if (value == e) return name;
+  return "?";
+}
+
+// Reads the fields of one JSON object, rejecting any field it was not asked for.
+class ObjectReader {
+ public:
+  ObjectReader(const json& j, std::string prefix) : j_(j), prefix_(std::move(prefix)) {}
+
+  Status require_object() const {
+    if (!j_.is_object())
+      return Error::invalid(fmt::format("{}: expected a JSON object, got {}", where(), j_.type_name()));
+    return ok_status();
+  }
+
+  template <class T>
+  Status read(const char* key, T& out) {
+    seen_.push_back(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return ok_status();
+    const std::string field = prefix_ + key;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!it->is_boolean()) return type_error(field, *it, "true or false");
+      out = it->template get<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!it->is_number_integer()) return type_error(field, *it, "an integer");
+      if (it->is_number_unsigned() || std::is_signed_v<T>) {
+        out = it->template get<T>();
+      } else {
+        auto v = it->template get<long long>();
+        if (v < 0) return Error::invalid(fmt::format("{} = {}: must be >= 0", field, v));
+        out = static_cast<T>(v);
+      }
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!it->is_number()) return type_error(field, *it, "a number");
+      out = it->template get<T>();
+    } else {
+      if (!it->is_string()) return type_error(field, *it, "a string");
+      out = it->template get<std::string>();
+    }
+    return ok_status();
+  }
+
+  void mark_known(const char* key) { seen_.push_back(key); }
+
+  template <class E, size_t N>
+  Status read_enum(const char* key, E& out, const std::pair<std::string_view, E> (&table)[N]) {
+    std::string s(enum_name(out, table));
+    if (auto st = read(key, s); !st) return st;
+    auto r = parse_enum(prefix_ + key, s, table);
+    if (!r) return r.error();
+    out = *r;
+    return ok_status();
+  }
+
+  // Every field present must have been read.
+  Status no_unknown_fields() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (std::find(seen_.begin(), seen_.end(), it.key()) == seen_.end()) {
+        std::string allowed;
+        for (const auto& s : seen_) allowed += (allowed.empty() ? "" : ", ") + s;
+        return Error::invalid(fmt::format("{}{}: unknown field; allowed fields{}: {}", prefix_, it.key(),
+                                          prefix_.empty() ? "" : " of " + prefix_.substr(0, prefix_.size() - 1),
+                                          allowed));
+      }
+    }
+    return ok_status();
+  }
+
+ private:
+  static Status type_error(const std::string& field, const json& v, const char* expected) {
+    return Error::invalid(fmt::format("{} = {}: expected {}", field, v.dump(), expected));
+  }
+  std::string where() const { return prefix_.empty() ? "spec" : prefix_.substr(0, prefix_.size() - 1); }
+
+  const json& j_;
+  std::string prefix_;
+  std::vector<std::string> seen_;
+};
+
+#define LUNAJIT_TRY(expr)              \
+  do {                                 \
+    if (auto st_ = (expr); !st_) return st_.error(); \
+  } while (0)
+
+Status check_range(std::string_view field, long long v, long long lo, long long hi) {
+  if (v < lo || v > hi)
+    return Error::invalid(fmt::format("{} = {}: must be in [{}, {}]", field, v, lo, hi));
+  return ok_status();
+}
+
+Status check_positive(std::string_view field, double v) {
+  if (!(v > 0.0) || !std::isfinite(v))
+    return Error::invalid(fmt::format("{} = {}: must be a finite number > 0", field, v));
+  return ok_status();
+}
+
+}  // namespace
+
+std::string_view to_string(Family f) { return enum_name(f, kFamilies); }
+std::string_view to_string(DType t) { return enum_name(t, kDTypes); }
+std::string_view to_string(Activation a) { return enum_name(a, kActivations); }
+std::string_view to_string(OutputActivation a) { return enum_name(a, kOutputActivations); }
+std::string_view to_string(LunaVariant v) { return enum_name(v, kVariants); }
+Result<Family> parse_family(std::string_view s) { return parse_enum("family", s, kFamilies); }
+Result<DType> parse_dtype(std::string_view s) { return parse_enum("dtype", s, kDTypes); }
+
+int dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
+
+int AttentionSpec::feature_dim() const {
+  switch (family) {
+    case Family::luna: return luna.projections * (luna.variant == LunaVariant::rff ? 2 : luna.channels);
+    case Family::performer: return performer.features;
+    case Family::rff: return 2 * rff.features;
+    case Family::elu:
+    case Family::relu: return head_dim;
+    case Family::t2r: return t2r.features;
+    case Family::hedgehog: return 2 * hedgehog.features;
+    case Family::cosformer: return 2 * head_dim;
+    case Family::slay: return slay.nodes * slay.anchors * slay.prf_features;
+  }
+  return 0;
+}
+
+AttentionSpec default_spec(Family f) {
+  AttentionSpec s;
+  s.family = f;
+  s.t2r.features = s.head_dim;
+  s.hedgehog.features = s.head_dim;
+  return s;
+}
+
+Status validate(const AttentionSpec& s) {
+  LUNAJIT_TRY(check_range("head_dim", s.head_dim, 1, kMaxHeadDim));
+  LUNAJIT_TRY(check_range("value_dim", s.value_dim, 1, kMaxHeadDim));
+  LUNAJIT_TRY(check_positive("eps", s.eps));
+  switch (s.family) {
+    case Family::luna: {
+      const auto& o = s.luna;
+      LUNAJIT_TRY(check_range("luna.projections", o.projections, 1, 64));
+      LUNAJIT_TRY(check_range("luna.channels", o.channels, 1, 64));
+      LUNAJIT_TRY(check_range("luna.mlp_width", o.mlp_width, 1, 256));
+      if (o.variant == LunaVariant::rff && o.channels != 2)
+        return Error::invalid(fmt::format(
+            "luna.channels = {}: variant \"rff\" has exactly 2 channels (cos, sin); set luna.channels to 2",
+            o.channels));
+      break;
+    }
+    case Family::performer:
+      LUNAJIT_TRY(check_range("performer.features", s.performer.features, 1, kMaxFeatureDim));
+      if (!(s.performer.kernel_eps >= 0.0) || !std::isfinite(s.performer.kernel_eps))
+        return Error::invalid(fmt::format("performer.kernel_eps = {}: must be a finite number >= 0",
+                                          s.performer.kernel_eps));
+      break;
+    case Family::rff: LUNAJIT_TRY(check_range("rff.features", s.rff.features, 1, kMaxFeatureDim / 2)); break;
+    case Family::t2r: LUNAJIT_TRY(check_range("t2r.features", s.t2r.features, 1, kMaxFeatureDim)); break;
+    case Family::hedgehog:
+      LUNAJIT_TRY(check_range("hedgehog.features", s.hedgehog.features, 1, kMaxFeatureDim / 2));
+      break;
+    case Family::slay:
+      LUNAJIT_TRY(check_range("slay.nodes", s.slay.nodes, 1, 16));
+      LUNAJIT_TRY(check_range("slay.anchors", s.slay.anchors, 1, 64));
+      LUNAJIT_TRY(check_range("slay.prf_features", s.slay.prf_features, 1, 256));
+      LUNAJIT_TRY(check_positive("slay.eps_yat", s.slay.eps_yat));
+      break;
+    case Family::elu:
+    case Family::relu:
+    case Family::cosformer: break;
+  }
+  const int D = s.feature_dim();
+  if (D > kMaxFeatureDim)
+    return Error::invalid(fmt::format("feature dimension D = {} (from {} options): must be <= {}", D,
+                                      to_string(s.family), kMaxFeatureDim));
+  return ok_status();
+}
+
+Result<AttentionSpec> spec_from_json(const json& j) {
+  ObjectReader top(j, "");
+  LUNAJIT_TRY(top.require_object());
+  if (!j.contains("family"))
+    return Error::invalid("family: missing; every spec names its family (luna, performer, rff, elu, relu, t2r, "
+                          "hedgehog, cosformer, slay)");
+  std::string family_name;
+  LUNAJIT_TRY(top.read("family", family_name));
+  auto family = parse_family(family_name);
+  if (!family) return family.error();
+  AttentionSpec s;
+  s.family = *family;
+  LUNAJIT_TRY(top.read("head_dim", s.head_dim));
+  s.value_dim = s.head_dim;
+  LUNAJIT_TRY(top.read("value_dim", s.value_dim));
+  LUNAJIT_TRY(top.read("causal", s.causal));
+  LUNAJIT_TRY(top.read_enum("dtype", s.dtype, kDTypes));
+  LUNAJIT_TRY(top.read("normalize", s.normalize));
+  LUNAJIT_TRY(top.read("eps", s.eps));
+  LUNAJIT_TRY(top.read("params_per_head", s.params_per_head));
+  s.t2r.features = s.head_dim;
+  s.hedgehog.features = s.head_dim;
+
+  // Only the family's own sub-object is allowed.
+  const char* sub = nullptr;
+  switch (s.family) {
+    case Family::luna: sub = "luna"; break;
+    case Family::performer: sub = "performer"; break;
+    case Family::rff: sub = "rff"; break;
+    case Family::t2r: sub = "t2r"; break;
+    case Family::hedgehog: sub = "hedgehog"; break;
+    case Family::slay: sub = "slay"; break;
+    default: break;
+  }
+  if (sub && j.contains(sub)) {
+    top.mark_known(sub);
+    const json& o = j.at(sub);
+    ObjectReader r(o, std::string(sub) + ".");
+    LUNAJIT_TRY(r.require_object());
+    switch (s.family) {
+      case Family::luna:
+        LUNAJIT_TRY(r.read("projections", s.luna.projections));
+        LUNAJIT_TRY(r.read("channels", s.luna.channels));
+        LUNAJIT_TRY(r.read("mlp_width", s.luna.mlp_width));
+        LUNAJIT_TRY(r.read_enum("activation", s.luna.activation, kActivations));
+        LUNAJIT_TRY(r.read_enum("output_activation", s.luna.output_activation, kOutputActivations));
+        LUNAJIT_TRY(r.read("shared_channels", s.luna.shared_channels));
+        LUNAJIT_TRY(r.read("envelope", s.luna.envelope));
+        LUNAJIT_TRY(r.read_enum("variant", s.luna.variant, kVariants));
+        break;
+      case Family::performer:
+        LUNAJIT_TRY(r.read("features", s.performer.features));
+        LUNAJIT_TRY(r.read("orthogonal", s.performer.orthogonal));
+        LUNAJIT_TRY(r.read("seed", s.performer.seed));
+        LUNAJIT_TRY(r.read("kernel_eps", s.performer.kernel_eps));
+        break;
+      case Family::rff:
+        LUNAJIT_TRY(r.read("features", s.rff.features));
+        LUNAJIT_TRY(r.read("seed", s.rff.seed));
+        break;
+      case Family::t2r: LUNAJIT_TRY(r.read("features", s.t2r.features)); break;
+      case Family::hedgehog: LUNAJIT_TRY(r.read("features", s.hedgehog.features)); break;
+      case Family::slay:
+        LUNAJIT_TRY(r.read("nodes", s.slay.nodes));
+        LUNAJIT_TRY(r.read("anchors", s.slay.anchors));
+        LUNAJIT_TRY(r.read("prf_features", s.slay.prf_features));
+        LUNAJIT_TRY(r.read("eps_yat", s.slay.eps_yat));
+        LUNAJIT_TRY(r.read("seed", s.slay.seed));
+        break;
+      default: break;
+    }
+    LUNAJIT_TRY(r.no_unknown_fields());
+  }
+  LUNAJIT_TRY(top.no_unknown_fields());
+  LUNAJIT_TRY(validate(s));
+  return s;
+}
+
+Result<AttentionSpec> spec_from_string(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Error::invalid("spec: not valid JSON");
+  return spec_from_json(j);
+}
+
+Result<AttentionSpec> load_spec(const std::string& arg) {
+  size_t first = arg.find_first_not_of(" \t\n\r");
+  if (first != std::string::npos && arg[first] == '{') return spec_from_string(arg);
+  std::ifstream in(arg);
+  if (!in) return Error::invalid(fmt::format("spec file '{}': cannot be opened", arg));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto r = spec_from_string(ss.str());
+  if (!r) return Error::invalid(fmt::format("{} (in {})", r.error().message, arg));
+  return r;
+}
+
+json to_json(const AttentionSpec& s) {
+  json j = {{"family", to_string(s.family)},   {"head_dim", s.head_dim}, {"value_dim", s.value_dim},
+            {"causal", s.causal},              {"dtype", to_string(s.dtype)},
+            {"normalize", s.normalize},        {"eps", s.eps},
+            {"params_per_head", s.params_per_head}};
+  switch (s.family) {
+    case Family::luna:
+      j["luna"] = {{"projections", s.luna.projections},
+                   {"channels", s.luna.channels},
+                   {"mlp_width", s.luna.mlp_width},
+                   {"activation", to_string(s.luna.activation)},
+                   {"output_activation", to_string(s.luna.output_activation)},
+                   {"shared_channels", s.luna.shared_channels},
+                   {"envelope", s.luna.envelope},
+                   {"variant", to_string(s.luna.variant)}};
+      break;
+    case Family::performer:
+      j["performer"] = {{"features", s.performer.features}, {"orthogonal", s.performer.orthogonal},
+                        {"seed", s.performer.seed}, {"kernel_eps", s.performer.kernel_eps}};
+      break;
+    case Family::rff: j["rff"] = {{"features", s.rff.features}, {"seed", s.rff.seed}}; break;
+    case Family::t2r: j["t2r"] = {{"features", s.t2r.features}}; break;
+    case Family::hedgehog: j["hedgehog"] = {{"features", s.hedgehog.features}}; break;
+    case Family::slay:
+      j["slay"] = {{"nodes", s.slay.nodes},           {"anchors", s.slay.anchors},
+                   {"prf_features", s.slay.prf_features}, {"eps_yat", s.slay.eps_yat},
+                   {"seed", s.slay.seed}};
+      break;
+    default: break;
+  }
+  return j;
+}
+
+std::string canonical_json(const AttentionSpec& s) { return to_json(s).dump(); }
+
+bool operator==(const AttentionSpec& a, const AttentionSpec& b) { return canonical_json(a) == canonical_json(b); }
+
+std::string spec_hash(const AttentionSpec& s) { return content_hash(canonical_json(s)); }
+
+}  // namespace lunajit

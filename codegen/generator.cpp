@@ -1,0 +1,103 @@
+#include "codegen/generator.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "codegen/feature_map_info.h"
+#include "codegen/feature_params.h"
+
+namespace lunajit {
+namespace {
+
+std::string_view element_type(DType t) {
+  switch (t) {
+    case DType::fp32: return "float";
+    case DType::fp16: return "__half";
+    case DType::bf16: return "__nv_bfloat16";
+  }
+  return "float";
+}
+
+std::string_view pass_summary(const AttentionSpec& s, Pass p) {
+  switch (p) {
+    case Pass::feature_map: return "feature map alone: phi(x) written as fp32";
+    case Pass::forward:
+      return s.causal ? "causal forward, fused chunks (causal_chunk_kernel)"
+                      : "non-causal forward, state pass + output pass";
+    case Pass::backward: return "backward";
+  }
+  return "";
+}
+
+std::vector<KernelEntry> entries_for(const AttentionSpec& s, Pass p) {
+  auto expr = [](std::string_view kernel) { return fmt::format("lunajit::{}<lunajit_gen::Kernel>", kernel); };
+  std::vector<KernelEntry> e;
+  const bool performer = s.family == Family::performer;
+  if (p == Pass::feature_map) {
+    if (performer) e.push_back({"key_stab", expr("key_stab_kernel")});
+    e.push_back({"feature_map", expr("feature_map_kernel")});
+  } else if (p == Pass::forward) {
+    if (performer) e.push_back({"key_stab", expr("forward_key_stab_kernel")});
+    if (s.causal) {
+      e.push_back({"causal_chunk", expr("causal_chunk_kernel")});
+    } else {
+      e.push_back({"state", expr("state_kernel")});
+      e.push_back({"output", expr("output_kernel")});
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  if (auto st = validate(spec); !st) return st.error();
+  if (pass == Pass::backward)
+    return Error::invalid("pass = backward: backward kernels are not generated yet; allowed: feature_map, forward");
+
+  const std::string hash = spec_hash(spec);
+  KernelSource src;
+  src.spec = spec;
+  src.config = config;
+  src.pass = pass;
+  src.name = fmt::format("{}_{}_{}{}_{}_{}", to_string(spec.family), to_string(pass),
+                         spec.causal ? "causal" : "noncausal", "", to_string(spec.dtype), hash.substr(0, 8));
+  src.entries = entries_for(spec, pass);
+
+  const ParamLayout params = param_layout(spec);
+  std::string& c = src.code;
+  c += "// lunajit generated kernel source: do not edit; regenerate with `lunajit emit`.\n";
+  c += fmt::format("// pass:   {} ({})\n", to_string(pass), pass_summary(spec, pass));
+  c += fmt::format("// spec:   {}\n", canonical_json(spec));
+  c += fmt::format("// config: {} {}\n", config.to_string(), config.to_json().dump());
+  c += "// kernels (NVRTC name expressions):\n";
+  for (const auto& e : src.entries) c += fmt::format("//   {:<13} {}\n", e.role, e.name_expression);
+  c += "\n#include \"lunajit/linear_attention.cuh\"\n\nnamespace lunajit_gen {\n\n";
+  c += "struct FeatureOptions {\n" + feature_options_body(spec) + "};\n\n";
+  c += "struct Kernel {\n";
+  c += fmt::format("  using T = {};\n", element_type(spec.dtype));
+  c += fmt::format("  using FeatureMap = {}<FeatureOptions>;\n", feature_map_template(spec.family));
+  c += fmt::format("  static constexpr int d = {};\n", spec.head_dim);
+  c += fmt::format("  static constexpr int dv = {};\n", spec.value_dim);
+  c += fmt::format("  static constexpr int D = {};\n", spec.feature_dim());
+  c += fmt::format("  static constexpr int threads = {};\n", config.threads());
+  c += fmt::format("  static constexpr int block_tokens = {};\n", config.block_tokens());
+  c += fmt::format("  static constexpr int dv_block = {};\n", config.dv_block());
+  c += fmt::format("  static constexpr int chunk = {};\n", config.chunk());
+  c += fmt::format("  static constexpr int state_splits = {};\n", config.state_splits());
+  c += fmt::format("  static constexpr bool causal = {};\n", spec.causal);
+  c += fmt::format("  static constexpr bool normalize = {};\n", spec.normalize);
+  c += fmt::format("  static constexpr float eps = {};\n", float_literal(spec.eps));
+  c += fmt::format("  static constexpr bool params_per_head = {};\n", spec.params_per_head);
+  c += fmt::format("  static constexpr int param_floats = {};\n", params.per_head_floats);
+  c += fmt::format("  static constexpr bool performer = {};\n", spec.family == Family::performer);
+  c += "};\n\n";
+  c += fmt::format(
+      "static_assert(Kernel::FeatureMap::kScratchPerRow == {},\n"
+      "              \"host (codegen/feature_map_info.cpp) and device disagree on the feature map's scratch\");\n",
+      feature_map_scratch_per_row(spec));
+  c += "\n}  // namespace lunajit_gen\n";
+  return src;
+}
+
+}  // namespace lunajit

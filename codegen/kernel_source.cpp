@@ -1,0 +1,48 @@
+#include "codegen/kernel_source.h"
+
+#include "common/hash.h"
+#include "templates/embedded.h"
+
+namespace lunajit {
+
+std::string_view to_string(Pass p) {
+  switch (p) {
+    case Pass::feature_map: return "feature_map";
+    case Pass::forward: return "forward";
+    case Pass::backward: return "backward";
+  }
+  return "?";
+}
+
+Result<Pass> parse_pass(std::string_view s) {
+  for (Pass p : {Pass::feature_map, Pass::forward, Pass::backward})
+    if (to_string(p) == s) return p;
+  return Error::invalid(std::string("pass = \"") + std::string(s) +
+                        "\": unknown; allowed: feature_map, forward, backward");
+}
+
+const std::string& embedded_headers_hash() {
+  static const std::string hash = [] {
+    Hasher h;
+    for (const auto& f : templates::files()) h.add(f.path).add(f.contents);
+    for (const auto& f : cuda_headers::files()) h.add(f.path).add(f.contents);
+    return h.hex();
+  }();
+  return hash;
+}
+
+std::string KernelSource::content_hash() const {
+  Hasher h;
+  h.add(code);
+  for (const auto& e : entries) h.add(e.name_expression);
+  h.add(embedded_headers_hash());
+  return h.hex();
+}
+
+const KernelEntry* KernelSource::entry(std::string_view role) const {
+  for (const auto& e : entries)
+    if (e.role == role) return &e;
+  return nullptr;
+}
+
+}  // namespace lunajit

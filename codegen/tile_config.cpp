@@ -1,0 +1,170 @@
+#include "codegen/tile_config.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "codegen/feature_map_info.h"
+#include "common/hash.h"
+#include "lunajit/layout.cuh"
+
+namespace lunajit {
+namespace {
+
+using nlohmann::json;
+
+template <size_t N>
+bool one_of(int v, const int (&choices)[N]) {
+  return std::find(std::begin(choices), std::end(choices), v) != std::end(choices);
+}
+
+template <size_t N>
+std::string list(const int (&choices)[N]) {
+  std::string s;
+  for (int c : choices) s += fmt::format("{}{}", s.empty() ? "" : ", ", c);
+  return s;
+}
+
+LayoutDims dims(const AttentionSpec& spec, const TileConfig& c, int tokens) {
+  return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
+                    c.threads()};
+}
+
+}  // namespace
+
+TileConfig::TileConfig(int block_tokens, int warps, int dv_block, int chunk, int state_splits,
+                       PhiInBackward phi_backward)
+    : block_tokens_(block_tokens),
+      warps_(warps),
+      dv_block_(dv_block),
+      chunk_(chunk),
+      state_splits_(state_splits),
+      phi_backward_(phi_backward) {}
+
+std::string TileConfig::to_string() const {
+  return fmt::format("T{}.w{}.dv{}.C{}.s{}.{}", block_tokens_, warps_, dv_block_, chunk_, state_splits_,
+                     phi_backward_ == PhiInBackward::recompute ? "recompute" : "save");
+}
+
+json TileConfig::to_json() const {
+  return {{"block_tokens", block_tokens_}, {"warps", warps_},         {"dv_block", dv_block_},
+          {"chunk", chunk_},               {"state_splits", state_splits_},
+          {"phi_backward", phi_backward_ == PhiInBackward::recompute ? "recompute" : "save"}};
+}
+
+std::string TileConfig::hash() const { return content_hash(to_json().dump()); }
+
+Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) {
+  if (!j.is_object()) return Error::invalid(fmt::format("config: expected a JSON object, got {}", j.type_name()));
+  int v[5] = {base.block_tokens(), base.warps(), base.dv_block(), base.chunk(), base.state_splits()};
+  const char* names[5] = {"block_tokens", "warps", "dv_block", "chunk", "state_splits"};
+  PhiInBackward phi = base.phi_backward();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "phi_backward") {
+      if (*it == "recompute") phi = PhiInBackward::recompute;
+      else if (*it == "save") phi = PhiInBackward::save;
+      else return Error::invalid(fmt::format("config.phi_backward = {}: allowed: \"recompute\", \"save\"", it->dump()));
+      continue;
+    }
+    auto pos = std::find_if(std::begin(names), std::end(names), [&](const char* n) { return key == n; });
+    if (pos == std::end(names))
+      return Error::invalid(fmt::format("config.{}: unknown field; allowed fields: block_tokens, warps, dv_block, "
+                                        "chunk, state_splits, phi_backward", key));
+    if (!it->is_number_integer())
+      return Error::invalid(fmt::format("config.{} = {}: expected an integer", key, it->dump()));
+    v[pos - std::begin(names)] = it->get<int>();
+  }
+  struct Check { int value; const char* name; std::string allowed; bool ok; };
+  const Check checks[] = {
+      {v[0], "block_tokens", list(kBlockTokenChoices), one_of(v[0], kBlockTokenChoices)},
+      {v[1], "warps", list(kWarpChoices), one_of(v[1], kWarpChoices)},
+      {v[2], "dv_block", list(kDvBlockChoices), one_of(v[2], kDvBlockChoices)},
+      {v[3], "chunk", list(kChunkChoices), one_of(v[3], kChunkChoices)},
+      {v[4], "state_splits", list(kStateSplitChoices), one_of(v[4], kStateSplitChoices)},
+  };
+  for (const auto& c : checks)
+    if (!c.ok) return Error::invalid(fmt::format("config.{} = {}: allowed: {}", c.name, c.value, c.allowed));
+  return TileConfig(v[0], v[1], v[2], v[3], v[4], phi);
+}
+
+Result<TileConfig> tile_config_from_string(std::string_view text, const TileConfig& base) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return Error::invalid("config: not valid JSON");
+  return tile_config_from_json(j, base);
+}
+
+ForwardSmem forward_smem_bytes(const AttentionSpec& spec, const TileConfig& c) {
+  ForwardSmem s;
+  s.feature_map = smem_layout(KernelKind::feature_map, dims(spec, c, c.block_tokens())).bytes();
+  s.state = smem_layout(KernelKind::state, dims(spec, c, c.block_tokens())).bytes();
+  s.output = smem_layout(KernelKind::output, dims(spec, c, c.block_tokens())).bytes();
+  s.causal_chunk = smem_layout(KernelKind::causal_chunk, dims(spec, c, c.chunk())).bytes();
+  return s;
+}
+
+Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch& arch) {
+  if (c.threads() > arch.max_threads_per_block)
+    return Error::invalid(fmt::format("{}: {} threads exceed {}'s {} per block", c.to_string(), c.threads(),
+                                      arch.name(), arch.max_threads_per_block));
+  if (c.dv_block() >= 2 * spec.value_dim && c.dv_block() > kDvBlockChoices[0])
+    return Error::invalid(fmt::format("{}: dv_block {} is over twice value_dim {} (half the block would idle)",
+                                      c.to_string(), c.dv_block(), spec.value_dim));
+  const ForwardSmem smem = forward_smem_bytes(spec, c);
+  const long long limit = arch.max_smem_per_block;
+  auto over = [&](const char* kernel, long long bytes) -> Status {
+    if (bytes > limit)
+      return Error::invalid(fmt::format("{}: the {} kernel needs {} bytes of shared memory; {} allows {}",
+                                        c.to_string(), kernel, bytes, arch.name(), limit));
+    return ok_status();
+  };
+  if (spec.causal) {
+    if (auto st = over("causal chunk", smem.causal_chunk); !st) return st;
+  } else {
+    const int entries = state_entries_per_thread(spec.feature_dim(), c.dv_block(), c.threads());
+    if (entries > kMaxStateEntriesPerThread)
+      return Error::invalid(fmt::format("{}: the state pass would hold {} accumulators per thread (D {} x dv_block "
+                                        "{} / {} threads); at most {} fit in registers",
+                                        c.to_string(), entries, spec.feature_dim(), c.dv_block(), c.threads(),
+                                        kMaxStateEntriesPerThread));
+    if (auto st = over("state", smem.state); !st) return st;
+    if (auto st = over("output", smem.output); !st) return st;
+  }
+  if (auto st = over("feature map", smem.feature_map); !st) return st;
+  return ok_status();
+}
+
+TileConfig default_config(const AttentionSpec& spec, const Arch& arch) {
+  // Prefer one block over all of dv (phi computed once per token), then the
+  // largest chunk and tile that fit: fewer, larger tiles amortize the feature
+  // map's parameter reads. Splits = 4 keeps 132 SMs busy from batch*heads >= 33.
+  std::vector<int> dv_blocks;
+  for (int dvb : kDvBlockChoices)
+    if (dvb < 2 * spec.value_dim || dvb == kDvBlockChoices[0]) dv_blocks.push_back(dvb);
+  std::reverse(dv_blocks.begin(), dv_blocks.end());
+  for (int dvb : dv_blocks)
+    for (int chunk : {64, 32, 16, 8})
+      for (int tokens : {64, 32, 16})
+        for (int warps : {4, 8, 2, 1}) {
+          TileConfig c(tokens, warps, dvb, chunk, 4);
+          if (can_implement(spec, c, arch)) return c;
+        }
+  return TileConfig(16, 1, 8, 16, 1);
+}
+
+std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch) {
+  std::vector<TileConfig> out;
+  for (int tokens : kBlockTokenChoices)
+    for (int warps : kWarpChoices)
+      for (int dvb : kDvBlockChoices)
+        for (int chunk : kChunkChoices)
+          for (int splits : kStateSplitChoices)
+            for (auto phi : {PhiInBackward::recompute, PhiInBackward::save}) {
+              TileConfig c(tokens, warps, dvb, chunk, splits, phi);
+              if (can_implement(spec, c, arch)) out.push_back(c);
+            }
+  return out;
+}
+
+}  // namespace lunajit

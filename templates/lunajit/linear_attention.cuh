@@ -1,0 +1,310 @@
+// Forward linear attention fused with the feature map (docs/MATH.md §1): phi
+// lives only in shared memory, never in global memory.
+//
+// K is the generated kernel description (codegen/generator.cpp emits it):
+//   K::T (I/O element type), K::FeatureMap, K::d, K::dv, K::D, K::threads,
+//   K::block_tokens, K::dv_block, K::chunk, K::state_splits, K::causal,
+//   K::normalize, K::eps, K::params_per_head, K::param_floats, K::performer.
+//
+// Non-causal = two passes. state_kernel, grid (batch*heads, state_splits,
+// dv blocks): each block streams K/V tiles of its part of the sequence and
+// accumulates a partial (S, z) in registers; partials go to the workspace.
+// output_kernel, grid (query tiles, batch*heads, dv blocks): sums the partials
+// in split order (deterministic), maps Q and writes O.
+// Causal = causal_chunk_kernel, grid (batch*heads, dv blocks): one block walks
+// the chunks in order carrying (S, z) in shared memory ("fused chunk").
+// Performer additionally runs key_stab_kernel first (one max per batch*head).
+//
+// All accumulation is fp32; the products go through plain loops for now; the
+// feature map's two matrix products are where a warp-tile MMA goes next.
+#pragma once
+
+#include "lunajit/device.cuh"
+#include "lunajit/feature_maps.cuh"
+#include "lunajit/layout.cuh"
+#include "lunajit/tile_io.cuh"
+
+namespace lunajit {
+
+// Workspace of the forward pass (floats): [key stabiliser (batch*heads), padded
+// to 4] then the state partials [batch*heads][splits][D*dv + D].
+LUNAJIT_HOST_DEVICE constexpr long long forward_workspace_state_offset(int batch_heads) {
+  return (batch_heads + 3) / 4 * 4;
+}
+LUNAJIT_HOST_DEVICE constexpr long long forward_workspace_floats(int batch_heads, int splits, int D, int dv) {
+  return forward_workspace_state_offset(batch_heads) + (long long)batch_heads * splits * ((long long)D * dv + D);
+}
+
+template <class K>
+struct KernelTraits {
+  static constexpr int kNumDvBlocks = (K::dv + K::dv_block - 1) / K::dv_block;
+  static LUNAJIT_HOST_DEVICE constexpr LayoutDims dims(int tokens) {
+    return LayoutDims{K::d, K::D, K::FeatureMap::kScratchPerRow, K::dv_block, tokens, K::threads};
+  }
+  static_assert(K::FeatureMap::D == K::D, "feature dimension mismatch between spec and feature map");
+  static_assert(K::threads % 32 == 0 && K::threads <= 1024, "threads must be whole warps");
+
+  static LUNAJIT_DEVICE const float* head_params(const float* params, int h) {
+    return params + (K::params_per_head ? (long long)h * K::param_floats : 0LL);
+  }
+};
+
+// Writes phi(x) for one tile of rows as fp32 [batch, seq, heads, D] contiguous.
+// Grid (ceil(seq / block_tokens), batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) feature_map_kernel(const FeatureMapArgs a) {
+  using Tr = KernelTraits<K>;
+  constexpr SmemLayout L = smem_layout(KernelKind::feature_map, Tr::dims(K::block_tokens));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int t0 = blockIdx.x * K::block_tokens;
+  const int valid = min(K::block_tokens, a.problem.seq - t0);
+  load_rows<typename K::T, K::threads>(a.x, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  __syncthreads();
+  const FeatureContext ctx{Tr::head_params(a.params, h), t0, a.problem.seq, a.is_query,
+                           K::performer && !a.is_query ? a.key_stab[bh] : 0.0f};
+  K::FeatureMap::template apply<K::threads>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+  float* out = a.phi + (((long long)b * a.problem.seq + t0) * a.problem.heads + h) * K::D;
+  for (int e = threadIdx.x; e < valid * K::D; e += K::threads) {
+    const int r = e / K::D, f = e - r * K::D;
+    out[(long long)r * a.problem.heads * K::D + f] = smem[L.phi_q + e];
+  }
+}
+
+// Performer's key stabiliser: max over all keys and features of one
+// (batch, head) of the exponent omega^T k' - |k'|^2 / 2. Grid (batch*heads).
+template <class K>
+LUNAJIT_DEVICE void key_stab_block(const TensorRef& x, const float* params, int b, int h, int seq, int heads,
+                                   float* out) {
+  using Tr = KernelTraits<K>;
+  constexpr SmemLayout L = smem_layout(KernelKind::key_stab, Tr::dims(K::block_tokens));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const FeatureContext ctx{Tr::head_params(params, h), 0, seq, 0, 0.0f};
+  float best = -3.402823466e38f;
+  for (int t0 = 0; t0 < seq; t0 += K::block_tokens) {
+    const int valid = min(K::block_tokens, seq - t0);
+    load_rows<typename K::T, K::threads>(x, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    __syncthreads();
+    K::FeatureMap::template log_features<K::threads>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+    for (int e = threadIdx.x; e < valid * K::D; e += K::threads) best = fmaxf(best, smem[L.phi_q + e]);
+    __syncthreads();
+  }
+  smem[L.reduce + threadIdx.x] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int t = 1; t < K::threads; ++t) best = fmaxf(best, smem[L.reduce + t]);
+    *out = best;
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) key_stab_kernel(const FeatureMapArgs a) {
+  if constexpr (K::performer) {
+    const int bh = blockIdx.x;
+    key_stab_block<K>(a.x, a.params, bh / a.problem.heads, bh % a.problem.heads, a.problem.seq, a.problem.heads,
+                      a.key_stab + bh);
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) forward_key_stab_kernel(const ForwardArgs a) {
+  if constexpr (K::performer) {
+    const int bh = blockIdx.x;
+    key_stab_block<K>(a.k, a.params, bh / a.problem.heads, bh % a.problem.heads, a.problem.seq, a.problem.heads,
+                      a.workspace + bh);
+  }
+}
+
+// Non-causal state pass: partial S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j)
+// over this block's share of the sequence. Grid (batch*heads, splits, dv blocks).
+template <class K>
+__global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) {
+  using Tr = KernelTraits<K>;
+  constexpr int T = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr SmemLayout L = smem_layout(KernelKind::state, Tr::dims(T));
+  constexpr int kEntries = state_entries_per_thread(D, DVB, NT);  // (D, DVB) accumulators per thread
+  constexpr int kZEntries = (D + NT - 1) / NT;
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = a.problem.seq;
+  const int tiles = (seq + T - 1) / T;
+  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
+  const FeatureContext ctx{Tr::head_params(a.params, h), 0, seq, 0,
+                           K::performer ? a.workspace[bh] : 0.0f};
+
+  float acc[kEntries];
+  float zacc[kZEntries];
+#pragma unroll
+  for (int i = 0; i < kEntries; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kZEntries; ++i) zacc[i] = 0.0f;
+  for (int t0 = s0; t0 < s1; t0 += T) {
+    const int valid = min(T, s1 - t0);
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, K::dv, c0, DVB, smem + L.v);  // (valid, DVB)
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+    const float* phi = smem + L.phi_q;  // (valid, D)
+    const float* v = smem + L.v;        // (valid, DVB)
+#pragma unroll
+    for (int i = 0; i < kEntries; ++i) {
+      const int e = threadIdx.x + i * NT;
+      if (e < D * DVB) {
+        const int f = e / DVB, c = e - f * DVB;
+        float s = acc[i];
+        for (int t = 0; t < valid; ++t) s = fmaf(phi[t * D + f], v[t * DVB + c], s);
+        acc[i] = s;
+      }
+    }
+    if (blockIdx.z == 0) {
+#pragma unroll
+      for (int i = 0; i < kZEntries; ++i) {
+        const int f = threadIdx.x + i * NT;
+        if (f < D)
+          for (int t = 0; t < valid; ++t) zacc[i] += phi[t * D + f];
+      }
+    }
+    __syncthreads();
+  }
+  float* part = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
+                ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
+#pragma unroll
+  for (int i = 0; i < kEntries; ++i) {
+    const int e = threadIdx.x + i * NT;
+    const int f = e / DVB, c = e - f * DVB;
+    if (e < D * DVB && c0 + c < K::dv) part[f * K::dv + c0 + c] = acc[i];
+  }
+  if (blockIdx.z == 0)
+#pragma unroll
+    for (int i = 0; i < kZEntries; ++i) {
+      const int f = threadIdx.x + i * NT;
+      if (f < D) part[D * K::dv + f] = zacc[i];
+    }
+}
+
+// Non-causal output pass: o_i = phi(q_i)^T S / (phi(q_i)^T z + eps).
+// Grid (ceil(seq / block_tokens), batch*heads, dv blocks).
+template <class K>
+__global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs a) {
+  using Tr = KernelTraits<K>;
+  constexpr int T = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr SmemLayout L = smem_layout(KernelKind::output, Tr::dims(T));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int t0 = blockIdx.x * T, c0 = blockIdx.z * DVB, seq = a.problem.seq;
+  const int valid = min(T, seq - t0);
+  const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
+                       (long long)bh * K::state_splits * ((long long)D * K::dv + D);
+  constexpr long long kPart = (long long)D * K::dv + D;
+  float* S = smem + L.state;  // (D, DVB)
+  float* z = smem + L.z;      // (D)
+  for (int e = threadIdx.x; e < D * DVB; e += NT) {
+    const int f = e / DVB, c = e - f * DVB;
+    float s = 0.0f;
+    if (c0 + c < K::dv)
+      for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + f * K::dv + c0 + c];
+    S[e] = s;
+  }
+  for (int f = threadIdx.x; f < D; f += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * K::dv + f];
+    z[f] = s;
+  }
+  load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  __syncthreads();
+  const FeatureContext ctx{Tr::head_params(a.params, h), t0, seq, 1, 0.0f};
+  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+  const float* phi = smem + L.phi_q;  // (valid, D)
+  float* den = smem + L.den;
+  if constexpr (K::normalize) {
+    for (int r = threadIdx.x; r < valid; r += NT) den[r] = fm::dot(phi + r * D, z, D) + K::eps;
+    __syncthreads();
+  }
+  typename K::T* out = static_cast<typename K::T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
+  for (int e = threadIdx.x; e < valid * DVB; e += NT) {
+    const int r = e / DVB, c = e - r * DVB;
+    if (c0 + c >= K::dv) continue;
+    float num = 0.0f;
+    for (int f = 0; f < D; ++f) num = fmaf(phi[r * D + f], S[f * DVB + c], num);
+    if constexpr (K::normalize) num /= den[r];
+    out[(long long)(t0 + r) * a.o.stride_seq + c0 + c] = from_float<typename K::T>(num);
+  }
+}
+
+// Causal forward, fused chunks (docs/MATH.md §1 "Chunked causal"): per chunk c
+//   A = mask(Phi_q Phi_k^T);  o = (A V + Phi_q S_<c) / (A 1 + Phi_q z_<c + eps)
+//   S += Phi_k^T V;  z += Phi_k^T 1
+// Grid (batch*heads, dv blocks); the block carries (S, z) through the sequence.
+template <class K>
+__global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardArgs a) {
+  using Tr = KernelTraits<K>;
+  constexpr int C = K::chunk, D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr SmemLayout L = smem_layout(KernelKind::causal_chunk, Tr::dims(C));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int c0 = blockIdx.y * DVB, seq = a.problem.seq;
+  float* S = smem + L.state;      // (D, DVB)
+  float* z = smem + L.z;          // (D)
+  float* phi_q = smem + L.phi_q;  // (C, D)
+  float* phi_k = smem + L.phi_k;  // (C, D)
+  float* v = smem + L.v;          // (C, DVB)
+  float* A = smem + L.scores;     // (C, C)
+  float* den = smem + L.den;      // (C)
+  for (int e = threadIdx.x; e < D * DVB; e += NT) S[e] = 0.0f;
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  const float* params = Tr::head_params(a.params, h);
+  const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
+  typename K::T* out = static_cast<typename K::T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
+
+  for (int t0 = 0; t0 < seq; t0 += C) {
+    const int valid = min(C, seq - t0);
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, K::dv, c0, DVB, v);
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 0, key_stab});
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      A[i * C + j] = j <= i ? fm::dot(phi_q + i * D, phi_k + j * D, D) : 0.0f;
+    }
+    __syncthreads();
+    if constexpr (K::normalize) {
+      for (int i = threadIdx.x; i < valid; i += NT) {
+        float s = fm::dot(phi_q + i * D, z, D);
+        for (int j = 0; j <= i; ++j) s += A[i * C + j];
+        den[i] = s + K::eps;
+      }
+      __syncthreads();
+    }
+    for (int e = threadIdx.x; e < valid * DVB; e += NT) {
+      const int i = e / DVB, c = e - i * DVB;
+      if (c0 + c >= K::dv) continue;
+      float num = 0.0f;
+      for (int j = 0; j <= i; ++j) num = fmaf(A[i * C + j], v[j * DVB + c], num);
+      for (int f = 0; f < D; ++f) num = fmaf(phi_q[i * D + f], S[f * DVB + c], num);
+      if constexpr (K::normalize) num /= den[i];
+      out[(long long)(t0 + i) * a.o.stride_seq + c0 + c] = from_float<typename K::T>(num);
+    }
+    __syncthreads();
+    // Each thread owns fixed entries of S and z: no races, fixed summation order.
+    for (int e = threadIdx.x; e < D * DVB; e += NT) {
+      const int f = e / DVB, c = e - f * DVB;
+      float s = S[e];
+      for (int j = 0; j < valid; ++j) s = fmaf(phi_k[j * D + f], v[j * DVB + c], s);
+      S[e] = s;
+    }
+    for (int f = threadIdx.x; f < D; f += NT) {
+      float s = z[f];
+      for (int j = 0; j < valid; ++j) s += phi_k[j * D + f];
+      z[f] = s;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace lunajit

@@ -1,0 +1,93 @@
+// TileConfig: value semantics, parsing, can_implement and the default per arch.
+#include "codegen/tile_config.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace lunajit {
+namespace {
+
+TEST(TileConfig, ValueSemantics) {
+  TileConfig a(64, 4, 64, 64, 4), b(64, 4, 64, 64, 4), c(32, 4, 64, 64, 4);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(a.hash(), b.hash());
+  EXPECT_NE(a.hash(), c.hash());
+  EXPECT_EQ(a.to_string(), "T64.w4.dv64.C64.s4.recompute");
+  EXPECT_EQ(a.threads(), 128);
+  auto back = tile_config_from_json(a.to_json(), TileConfig(16, 1, 8, 16, 1));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, a);
+}
+
+TEST(TileConfig, ParsingRejectsUnknownAndOutOfSet) {
+  auto r = tile_config_from_string(R"({"warps": 3})", TileConfig());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("config.warps = 3: allowed: 1, 2, 4, 8"), std::string::npos);
+  r = tile_config_from_string(R"({"tile": 3})", TileConfig());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("config.tile: unknown field"), std::string::npos);
+}
+
+TEST(TileConfig, CanImplementExplainsSharedMemoryLimit) {
+  AttentionSpec s = default_spec(Family::luna);
+  s.causal = true;
+  const Arch sm86 = arch_from_sm(86).value_or_throw();
+  const Arch sm90 = arch_from_sm(90).value_or_throw();
+  TileConfig big(64, 4, 64, 128, 4);
+  EXPECT_TRUE(can_implement(s, big, sm90).ok());
+  auto st = can_implement(s, big, sm86);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("causal chunk kernel needs"), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find("sm_86 allows 101376"), std::string::npos) << st.error().message;
+}
+
+TEST(TileConfig, StateAccumulatorsBoundedByRegisters) {
+  AttentionSpec s = default_spec(Family::slay);  // D = 384
+  const Arch sm90 = arch_from_sm(90).value_or_throw();
+  auto st = can_implement(s, TileConfig(16, 1, 64, 16, 1), sm90);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("accumulators per thread"), std::string::npos);
+}
+
+TEST(TileConfig, DefaultIsImplementableEverywhere) {
+  for (int sm : known_sms()) {
+    const Arch arch = arch_from_sm(sm).value_or_throw();
+    for (Family f : kAllFamilies)
+      for (bool causal : {false, true}) {
+        AttentionSpec s = default_spec(f);
+        s.causal = causal;
+        TileConfig c = default_config(s, arch);
+        EXPECT_TRUE(can_implement(s, c, arch).ok()) << to_string(f) << " " << arch.name() << " " << c.to_string();
+      }
+  }
+  // The default LUNA spec on sm_90 gets the largest tiles.
+  AttentionSpec luna = default_spec(Family::luna);
+  EXPECT_EQ(default_config(luna, arch_from_sm(90).value_or_throw()), TileConfig(64, 4, 64, 64, 4));
+}
+
+TEST(TileConfig, AllValidConfigsAreUniqueAndValid) {
+  AttentionSpec s = default_spec(Family::luna);
+  const Arch arch = arch_from_sm(80).value_or_throw();
+  auto all = all_valid_configs(s, arch);
+  EXPECT_GT(all.size(), 10u);
+  std::set<TileConfig> unique(all.begin(), all.end());
+  EXPECT_EQ(unique.size(), all.size());
+  for (const auto& c : all) EXPECT_TRUE(can_implement(s, c, arch).ok());
+}
+
+TEST(Arch, ParsesAndRejects) {
+  EXPECT_EQ(parse_arch("sm_90").value_or_throw().sm, 90);
+  EXPECT_EQ(parse_arch("8.6").value_or_throw().sm, 86);
+  auto bad = parse_arch("sm_42");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("arch = sm_42: unknown; allowed: sm_75"), std::string::npos);
+  auto list = parse_arch_list("sm_80,sm_90");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 2u);
+}
+
+}  // namespace
+}  // namespace lunajit
