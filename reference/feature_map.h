@@ -23,7 +23,7 @@
 //   slay       D = R*P*M, index r*P*M + p*M + j: sqrt(w_r) phi_anc_p(u) phi_prf_j(u; s_r),
 //              u = x/|x|, phi_anc_p = P^{-1/2} (a_p . u)^2,
 //              phi_prf_j = M^{-1/2} exp(sqrt(2 s_r) omega_{r,j} . u - s_r),
-//              s_r = params "nodes", w_r = params "weights".
+//              s_r = params "nodes", w_r = params "weights". Undefined at x = 0.
 //
 // Performer stabilizers are treated as stop-gradient constants: the gradients are
 // the exact gradients of phi with stab held at the value the forward pass used

@@ -40,6 +40,11 @@ std::span<const double> head_block(const AttentionSpec& spec, std::span<const do
   return params.subspan(param_block_offset(spec, h), size);
 }
 
+// The v size check_sizes expects, for the entry points that take no v.
+size_t no_values(const AttentionSpec& spec, const AttentionShape& shape) {
+  return size_t(shape.rows()) * spec.value_dim;
+}
+
 }  // namespace
 
 AttentionMode mode_of(const AttentionSpec& spec) { return {spec.causal, spec.normalize, spec.eps}; }
@@ -150,9 +155,7 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
 Result<Stabilizers> performer_stabilizers(const AttentionSpec& spec, const AttentionShape& shape,
                                           std::span<const double> q, std::span<const double> k,
                                           std::span<const double> params) {
-  if (Status st = check_sizes(spec, shape, q.size(), k.size(), k.size() / spec.head_dim * spec.value_dim,
-                              params.size());
-      !st)
+  if (Status st = check_sizes(spec, shape, q.size(), k.size(), no_values(spec, shape), params.size()); !st)
     return st.error();
   const int N = shape.seq, H = shape.heads;
   Stabilizers stab{std::vector<double>(size_t(shape.batch) * H * N, 0.0),
@@ -290,9 +293,7 @@ Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
                                                      std::span<const double> q,
                                                      std::span<const double> k,
                                                      std::span<const double> params) {
-  if (Status st = check_sizes(spec, shape, q.size(), k.size(), k.size() / spec.head_dim * spec.value_dim,
-                              params.size());
-      !st)
+  if (Status st = check_sizes(spec, shape, q.size(), k.size(), no_values(spec, shape), params.size()); !st)
     return st.error();
   Result<Stabilizers> stab = performer_stabilizers(spec, shape, q, k, params);
   if (!stab) return stab.error();
