@@ -1,0 +1,107 @@
+// HostBackend (see host_backend.h).
+#include "runtime/host/host_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/host/fiber_scheduler.h"
+
+namespace lunajit {
+namespace {
+
+constexpr std::size_t kAlignment = 256;  // like cudaMalloc's
+
+class HostModule final : public LoadedModule {
+ public:
+  HostModule(KernelSource source, std::unique_ptr<host::HostProgram> program)
+      : source_(std::move(source)), program_(std::move(program)) {}
+  const KernelSource& source() const override { return source_; }
+
+  // The entry whose name expression (or, failing that, role) is `name`.
+  host::KernelEntryFn find(std::string_view name, std::string_view* resolved) const {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t i = 0; i < source_.entries.size(); ++i) {
+        const KernelEntry& e = source_.entries[i];
+        if ((pass == 0 ? e.name_expression : e.role) == name) {
+          *resolved = e.name_expression;
+          return program_->entries()[i];
+        }
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  KernelSource source_;
+  std::unique_ptr<host::HostProgram> program_;
+};
+
+Status check_copy(const Buffer& buffer, std::size_t bytes, const char* what) {
+  if (bytes > buffer.bytes()) {
+    return Error::invalid(fmt::format("{}: {} bytes do not fit a buffer of {} bytes", what, bytes, buffer.bytes()));
+  }
+  if (bytes > 0 && buffer.ptr() == 0) return Error::invalid(fmt::format("{}: empty buffer", what));
+  return ok_status();
+}
+
+}  // namespace
+
+HostBackend::HostBackend(BinaryCache* cache) : cache_(cache != nullptr ? cache : &BinaryCache::global()) {}
+HostBackend::~HostBackend() = default;
+
+std::string HostBackend::description() const {
+  return fmt::format("host ({} threads)", host::host_thread_count());
+}
+
+Result<Buffer> HostBackend::allocate(std::size_t bytes) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) return Error::failure(fmt::format("host allocation of {} bytes failed", bytes));
+  return Buffer(this, reinterpret_cast<DevicePtr>(p), bytes);
+}
+
+void HostBackend::release(DevicePtr ptr) noexcept { std::free(reinterpret_cast<void*>(ptr)); }
+
+Status HostBackend::copy_to_device(const Buffer& dst, const void* src, std::size_t bytes) {
+  if (Status s = check_copy(dst, bytes, "copy_to_device"); !s) return s;
+  if (bytes > 0) std::memcpy(dst.as_pointer(), src, bytes);
+  return ok_status();
+}
+
+Status HostBackend::copy_to_host(void* dst, const Buffer& src, std::size_t bytes) {
+  if (Status s = check_copy(src, bytes, "copy_to_host"); !s) return s;
+  if (bytes > 0) std::memcpy(dst, src.as_pointer(), bytes);
+  return ok_status();
+}
+
+Status HostBackend::fill_zero(const Buffer& dst) {
+  if (dst.bytes() > 0) std::memset(dst.as_pointer(), 0, dst.bytes());
+  return ok_status();
+}
+
+Result<std::shared_ptr<LoadedModule>> HostBackend::load(const KernelSource& source) {
+  Result<std::unique_ptr<host::HostProgram>> program = host::load_host_program(source, *cache_);
+  if (!program) return program.error();
+  return std::shared_ptr<LoadedModule>(std::make_shared<HostModule>(source, std::move(program.value())));
+}
+
+Status HostBackend::launch(const LoadedModule& module, std::string_view name_expression, const LaunchConfig& config,
+                           void** args) {
+  const auto* host_module = dynamic_cast<const HostModule*>(&module);
+  if (host_module == nullptr) return Error::invalid("launch: the module was not loaded by a host backend");
+  std::string_view resolved;
+  host::KernelEntryFn entry = host_module->find(name_expression, &resolved);
+  if (entry == nullptr) {
+    std::string known;
+    for (const KernelEntry& e : module.source().entries) known += fmt::format(" '{}' ({})", e.name_expression, e.role);
+    return Error::invalid(fmt::format("launch: module '{}' has no kernel '{}'; it has:{}", module.source().name,
+                                      name_expression, known));
+  }
+  return host::run_grid(host::GridLaunch{entry, args, config, resolved});
+}
+
+std::unique_ptr<Backend> make_host_backend() { return std::make_unique<HostBackend>(); }
+
+}  // namespace lunajit

@@ -1,0 +1,57 @@
+// HostBackend: the Backend on the CPU. Kernels are the same generated CUDA
+// source, JIT-compiled with Clang against the emulation prelude
+// (runtime/host/host_jit.h) and run by the fiber scheduler
+// (runtime/host/fiber_scheduler.h); device memory is ordinary host memory.
+//
+// Everything is synchronous: launch() returns when the grid has finished, with
+// an error naming the block and thread if a block could not complete (divergent
+// barrier, __trap). Threads of a block are fibers on one OS thread; blocks run in
+// parallel on host_thread_count() OS threads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cache/binary_cache.h"
+#include "runtime/backend.h"
+#include "runtime/host/host_jit.h"
+
+namespace lunajit {
+
+class HostBackend final : public Backend {
+ public:
+  // Kernels' object code is cached in `cache` (the process-wide
+  // BinaryCache::global() when null); the cache must outlive the backend.
+  explicit HostBackend(BinaryCache* cache = nullptr);
+  ~HostBackend() override;
+
+  BackendKind kind() const override { return BackendKind::host; }
+  std::string description() const override;  // "host (8 threads, x86-64 znver3)"
+
+  // 256-byte aligned host memory; DevicePtr is its address.
+  Result<Buffer> allocate(std::size_t bytes) override;
+  Status copy_to_device(const Buffer& dst, const void* src, std::size_t bytes) override;
+  Status copy_to_host(void* dst, const Buffer& src, std::size_t bytes) override;
+  Status fill_zero(const Buffer& dst) override;
+
+  // Compiles through the binary cache (or loads the cached object) and links.
+  Result<std::shared_ptr<LoadedModule>> load(const KernelSource& source) override;
+  // `name_expression` may also be an entry's role ("state", "output", ...).
+  // Synchronous.
+  Status launch(const LoadedModule& module, std::string_view name_expression, const LaunchConfig& config,
+                void** args) override;
+  Status synchronize() override { return ok_status(); }
+
+  BinaryCache& cache() const { return *cache_; }
+
+ protected:
+  void release(DevicePtr ptr) noexcept override;
+
+ private:
+  BinaryCache* cache_;
+};
+
+// The host backend on the global binary cache; make_backend("host") calls this.
+std::unique_ptr<Backend> make_host_backend();
+
+}  // namespace lunajit
