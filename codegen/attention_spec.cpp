@@ -171,6 +171,7 @@ AttentionSpec default_spec(Family f) {
   s.family = f;
   s.t2r.features = s.head_dim;
   s.hedgehog.features = s.head_dim;
+  s.normalize = f != Family::rff;
   return s;
 }
 
@@ -235,11 +236,14 @@ Result<AttentionSpec> spec_from_json(const json& j) {
   LUNAJIT_TRY(top.read("value_dim", s.value_dim));
   LUNAJIT_TRY(top.read("causal", s.causal));
   LUNAJIT_TRY(top.read_enum("dtype", s.dtype, kDTypes));
-  LUNAJIT_TRY(top.read("normalize", s.normalize));
   LUNAJIT_TRY(top.read("eps", s.eps));
   LUNAJIT_TRY(top.read("params_per_head", s.params_per_head));
   s.t2r.features = s.head_dim;
   s.hedgehog.features = s.head_dim;
+  // rff features take both signs, so den = phi(q).z can cross zero: unnormalized
+  // by default (docs/MATH.md §2); an explicit "normalize" still wins.
+  if (s.family == Family::rff) s.normalize = false;
+  LUNAJIT_TRY(top.read("normalize", s.normalize));
 
   // Only the family's own sub-object is allowed.
   const char* sub = nullptr;

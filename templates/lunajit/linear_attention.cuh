@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) 
   const int tiles = (seq + T - 1) / T;
   const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
   const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
-  const FeatureContext ctx{Tr::head_params(a.params, h), 0, seq, 0,
-                           K::performer ? a.workspace[bh] : 0.0f};
+  const float* params = Tr::head_params(a.params, h);
+  const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
 
   float acc[kEntries];
   float zacc[kZEntries];
@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) 
     load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
     load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, K::dv, c0, DVB, smem + L.v);  // (valid, DVB)
     __syncthreads();
-    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 0, key_stab});
     const float* phi = smem + L.phi_q;  // (valid, D)
     const float* v = smem + L.v;        // (valid, DVB)
 #pragma unroll

@@ -1,0 +1,61 @@
+// Validation of generated kernels against the double-precision reference: the
+// check every tile configuration must pass before the tuner may pick it, and
+// what `lunajit run --check` prints.
+//
+// Inputs are seeded random N(0, 1) values rounded to the spec's dtype first, so
+// the reference sees exactly what the kernel sees and the error measured is the
+// kernel's own (fp32 accumulation order, fp32 transcendental functions, and the
+// final rounding of O to the I/O dtype).
+//
+// Tolerance on rel_rms = rms(out - ref) / rms(ref):
+//   fp32 1e-5: every sum is fp32 over at most n * D terms; the observed error
+//        is ~1e-7..1e-6 (fp32 epsilon 6e-8 times a few hundred accumulations
+//        in the worst case) and a real bug (a wrong index, a missing mask
+//        term) moves it to 1e-2..1.
+//   fp16/bf16 1e-2: the output is rounded to the I/O dtype; bf16 keeps 8
+//        significant bits (unit roundoff 2^-9 = 2e-3), so rounding alone gives
+//        rel_rms ~1e-3; 1e-2 leaves 5x headroom for fp32 differences and
+//        still fails any real bug. fp16 (2^-12) uses the same bound.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "codegen/launch_plan.h"
+#include "runtime/backend.h"
+
+namespace lunajit {
+
+// Memory layout of q, k, v in a check.
+enum class InputLayout {
+  contiguous,  // three [batch, seq, heads, dim] tensors
+  fused_qkv,   // one [batch, seq, heads, d + d + dv] buffer, q/k/v are strided slices
+};
+
+struct CheckOptions {
+  ProblemShape shape;
+  uint64_t seed = 0;
+  InputLayout layout = InputLayout::contiguous;
+  double input_scale = 1.0;  // inputs ~ N(0, input_scale^2)
+};
+
+struct CheckReport {
+  double max_abs_error = 0;
+  double rms_error = 0;
+  double rms_reference = 0;
+  double rel_rms = 0;        // rms_error / rms_reference
+  double tolerance = 0;
+  bool pass = false;
+  double kernel_seconds = 0;  // wall time of the forward on the backend
+  std::string kernel_name;
+};
+
+// The bound rel_rms must stay under for dtype (see the comment above).
+double forward_tolerance(DType dtype);
+
+// Runs the forward kernels of (spec, config) on `backend` with random inputs and
+// compares with reference::linear_attention_forward.
+Result<CheckReport> check_forward(Backend& backend, const AttentionSpec& spec, const TileConfig& config,
+                                  const CheckOptions& options);
+
+}  // namespace lunajit
