@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <regex>
+#include <thread>
 #include <vector>
 
 #include "cache/binary_cache.h"
@@ -78,6 +79,8 @@ class HostEmulation : public ::testing::Test {
     EXPECT_TRUE(backend_->copy_to_host(v.data(), b, n * sizeof(T)).ok());
     return v;
   }
+
+  void SetUp() override { ASSERT_NE(module_, nullptr) << "the test kernels did not load"; }
 
   static HostBackend* backend_;
   static std::shared_ptr<LoadedModule>* module_;
@@ -379,6 +382,45 @@ TEST(HostJit, SecondLoadFromTheCacheCompilesNothing) {
   EXPECT_EQ(first[0], 2.0f);
   EXPECT_EQ(first[2], -5.0f);
   EXPECT_EQ(first[1], 0.66796875f);  // bf16(2/3)
+  std::filesystem::remove_all(dir);
+}
+
+// The tuner compiles candidates on several threads and may launch from several.
+TEST(HostJit, ConcurrentLoadsAndLaunches) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                              ("lunajit-host-test-" + std::to_string(std::random_device{}()));
+  BinaryCache cache(dir);
+  HostBackend backend(&cache);
+  std::vector<float> x(1000);
+  for (int k = 0; k < 1000; ++k) x[k] = static_cast<float>(k % 128 - 64);  // 2x is exact in bf16
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto m = backend.load(host_cache_test_kernel(dir.filename().string() + "-" + std::to_string(i)));
+      if (!m) {
+        errors[i] = m.error().message;
+        return;
+      }
+      Buffer in = backend.allocate(4000).value_or_throw(), out = backend.allocate(4000).value_or_throw();
+      (void)backend.copy_to_device(in, x.data(), 4000);
+      TestArgs a{static_cast<const float*>(in.as_pointer()), static_cast<float*>(out.as_pointer()), nullptr,
+                 nullptr, nullptr, 1000, 0};
+      void* params[] = {&a};
+      for (int rep = 0; rep < 20; ++rep) {
+        Status s = backend.launch(**m, "scale", LaunchConfig{{8, 1, 1}, {128, 1, 1}, 0}, params);
+        if (!s) errors[i] = s.error().message;
+      }
+      std::vector<float> y(1000);
+      (void)backend.copy_to_host(y.data(), out, 4000);
+      for (int k = 0; k < 1000; ++k) {
+        if (y[k] != 2.0f * x[k] && errors[i].empty()) errors[i] = "wrong value at " + std::to_string(k);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
   std::filesystem::remove_all(dir);
 }
 
