@@ -26,7 +26,7 @@ class HostBackend final : public Backend {
   ~HostBackend() override;
 
   BackendKind kind() const override { return BackendKind::host; }
-  std::string description() const override;  // "host (8 threads, x86-64 znver3)"
+  std::string description() const override;  // "host (8 threads)"
 
   // 256-byte aligned host memory; DevicePtr is its address.
   Result<Buffer> allocate(std::size_t bytes) override;
