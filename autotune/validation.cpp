@@ -142,7 +142,7 @@ Result<CheckReport> check_forward(Backend& backend, const AttentionSpec& spec, c
 
   const reference::AttentionShape rshape{s.batch, s.seq, s.heads};
   const std::vector<double> pd = reference::to_double(params);
-  auto ref = reference::linear_attention_forward(spec, rshape, q, k, v, pd);
+  auto ref = reference::linear_attention_forward(opt.reference_spec.value_or(spec), rshape, q, k, v, pd);
   if (!ref) return ref.error();
 
   CheckReport rep;

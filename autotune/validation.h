@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "codegen/launch_plan.h"
@@ -37,6 +38,9 @@ struct CheckOptions {
   uint64_t seed = 0;
   InputLayout layout = InputLayout::contiguous;
   double input_scale = 1.0;  // inputs ~ N(0, input_scale^2)
+  // Tests only: judge the kernel against the reference of another spec (with
+  // the same dims), to show that a wrong result is caught.
+  std::optional<AttentionSpec> reference_spec;
 };
 
 struct CheckReport {
