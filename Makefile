@@ -6,8 +6,9 @@ BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
 # CI runs the exhaustive sweeps at reduced size; LUNAJIT_SWEEP=full runs them whole.
 export LUNAJIT_SWEEP ?= reduced
-# Kernels compiled during a test run are cached here, so each compiles once.
-export LUNAJIT_CACHE_DIR ?= $(CURDIR)/$(BUILD_DIR)/kernel-cache
+# Kernels compiled during a test run are cached here, so each compiles once
+# (`make demo` uses the user's cache: LUNAJIT_CACHE_DIR or ~/.cache/lunajit).
+test: export LUNAJIT_CACHE_DIR ?= $(CURDIR)/$(BUILD_DIR)/kernel-cache
 
 .PHONY: deps configure build test demo clean
 
@@ -23,7 +24,8 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 1200
 
-demo: build
+demo: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target lunajit
 	$(BUILD_DIR)/apps/lunajit demo
 
 clean:
