@@ -6,8 +6,7 @@
 // finds a *corrupted* entry must replace it without deleting a valid one that
 // another process renamed into place a moment earlier. Holding the lock for the
 // short "check, then rename or unlink" step makes that decision race-free.
-// fcntl locks belong to a process, not a thread, so a process-wide mutex is
-// taken first to serialize threads of the same process.
+// (cache/file_lock.h serializes threads as well as processes.)
 #include "cache/binary_cache.h"
 
 #include <fcntl.h>
@@ -24,9 +23,11 @@
 #include <functional>
 #include <system_error>
 #include <thread>
+#include <tuple>
 
 #include <xxhash.h>
 
+#include "cache/file_lock.h"
 #include "common/hash.h"
 
 namespace lunajit {
@@ -85,52 +86,6 @@ class Fd {
 
  private:
   int fd_;
-};
-
-// Exclusive lock on <dir>/bin/.lock held for the lifetime of the object: first
-// the process-wide mutex (threads), then the fcntl lock (processes).
-class DirLock {
- public:
-  explicit DirLock(const fs::path& lock_file) : guard_(process_mutex()) {
-    fd_ = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      error_ = errno;
-      return;
-    }
-    struct flock fl {};
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    while (::fcntl(fd_, F_SETLKW, &fl) != 0) {
-      if (errno != EINTR) {
-        error_ = errno;
-        return;
-      }
-    }
-    locked_ = true;
-  }
-  DirLock(const DirLock&) = delete;
-  DirLock& operator=(const DirLock&) = delete;
-  ~DirLock() {
-    if (locked_) {
-      struct flock fl {};
-      fl.l_type = F_UNLCK;
-      fl.l_whence = SEEK_SET;
-      ::fcntl(fd_, F_SETLK, &fl);
-    }
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool locked() const { return locked_; }
-  int error() const { return error_; }
-
- private:
-  static std::mutex& process_mutex() {
-    static std::mutex m;
-    return m;
-  }
-  std::lock_guard<std::mutex> guard_;
-  int fd_ = -1;
-  int error_ = 0;
-  bool locked_ = false;
 };
 
 enum class ReadOutcome { missing, ok, corrupt };
@@ -254,6 +209,17 @@ fs::path BinaryCache::default_dir() {
   return fs::temp_directory_path(ec) / "lunajit-cache";
 }
 
+uint64_t BinaryCache::default_max_bytes() {
+  if (const char* v = std::getenv("LUNAJIT_CACHE_MAX_MB"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(v, &end, 10);
+    if (end != nullptr && *end == '\0' && mb > 0) return mb << 20;
+    warn(std::string("LUNAJIT_CACHE_MAX_MB=") + v + " is not a positive integer; using " +
+         std::to_string(kDefaultCacheMaxMiB));
+  }
+  return kDefaultCacheMaxMiB << 20;
+}
+
 BinaryCache& BinaryCache::global() {
   static BinaryCache cache;
   return cache;
@@ -317,11 +283,14 @@ std::optional<std::string> BinaryCache::get(std::string_view key) {
     count_corrupt(path, r.reason);
     // Remove under the lock, and only the very file that was read: a writer
     // may have renamed a good entry into place since.
-    DirLock dl(dir_ / "bin" / ".lock");
+    FileLock dl(dir_ / "bin" / ".lock");
     struct stat st {};
     if (dl.locked() && ::stat(path.c_str(), &st) == 0 && st.st_dev == r.dev && st.st_ino == r.ino)
       ::unlink(path.c_str());
   }
+  // Least recently used = oldest mtime: a hit makes the entry the newest. A
+  // failure (read-only entry or directory) only makes eviction less precise.
+  if (r.outcome == ReadOutcome::ok) ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
   std::lock_guard lock(mu_);
   if (r.outcome == ReadOutcome::ok) {
     ++counters_.hits;
@@ -344,10 +313,11 @@ void BinaryCache::put(std::string_view key, std::string_view bytes) {
   fs::create_directories(path.parent_path(), ec);
   fs::path tmp = path;
   tmp += temp_suffix();
-  int err = ec ? ec.value() : write_new_file(tmp, encode_entry(bytes));
+  const std::string entry = encode_entry(bytes);
+  int err = ec ? ec.value() : write_new_file(tmp, entry);
   bool wrote = false;
   if (err == 0) {
-    DirLock dl(dir_ / "bin" / ".lock");
+    FileLock dl(dir_ / "bin" / ".lock");
     if (!dl.locked()) {
       err = dl.error();
     } else if (read_entry(path).outcome == ReadOutcome::ok) {
@@ -371,8 +341,60 @@ void BinaryCache::put(std::string_view key, std::string_view bytes) {
            "); keeping it in memory for this process");
     return keep_in_memory();
   }
+  {
+    std::lock_guard lock(mu_);
+    ++counters_.writes;
+  }
+  evict_if_needed(entry.size(), path);
+}
+
+void BinaryCache::evict_if_needed(uint64_t added, const fs::path& keep) {
+  const uint64_t bound = max_bytes_.load();
+  {
+    std::lock_guard lock(mu_);
+    if (approx_bytes_ != UINT64_MAX) {
+      approx_bytes_ += added;
+      if (approx_bytes_ <= bound) return;
+    }
+  }
+  // Count (and, past the bound, evict) under the directory lock, so that two
+  // processes do not both evict down from the same listing.
+  FileLock dl(dir_ / "bin" / ".lock");
+  if (!dl.locked()) return;
+  struct Entry {
+    struct timespec mtime;
+    std::string path;
+    uint64_t bytes;
+  };
+  std::vector<Entry> entries;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir_ / "bin", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (is_temp_name(name) || it->path().extension() != ".bin") continue;
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    entries.push_back({st.st_mtim, it->path().string(), static_cast<uint64_t>(st.st_size)});
+    total += static_cast<uint64_t>(st.st_size);
+  }
+  uint64_t evicted = 0;
+  if (total > bound) {
+    // Oldest first; equal times by path, so every process picks the same victims.
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return std::tie(a.mtime.tv_sec, a.mtime.tv_nsec, a.path) < std::tie(b.mtime.tv_sec, b.mtime.tv_nsec, b.path);
+    });
+    for (const Entry& e : entries) {
+      if (total <= bound) break;
+      if (e.path == keep.string()) continue;
+      if (::unlink(e.path.c_str()) == 0) {
+        total -= e.bytes;
+        ++evicted;
+      }
+    }
+  }
   std::lock_guard lock(mu_);
-  ++counters_.writes;
+  approx_bytes_ = total;
+  counters_.evictions += evicted;
 }
 
 bool BinaryCache::remove(std::string_view key) {
@@ -382,7 +404,7 @@ bool BinaryCache::remove(std::string_view key) {
     removed = memory_.erase(std::string(key)) > 0;
   }
   if (!persistent_) return removed;
-  DirLock dl(dir_ / "bin" / ".lock");
+  FileLock dl(dir_ / "bin" / ".lock");
   return (::unlink(entry_path(key).c_str()) == 0) || removed;
 }
 
@@ -394,7 +416,7 @@ uint64_t BinaryCache::clear() {
     memory_.clear();
   }
   if (!persistent_) return n;
-  DirLock dl(dir_ / "bin" / ".lock");
+  FileLock dl(dir_ / "bin" / ".lock");
   std::error_code ec;
   for (fs::recursive_directory_iterator it(dir_ / "bin", ec), end; !ec && it != end; it.increment(ec)) {
     if (!it->is_regular_file()) continue;

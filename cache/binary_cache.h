@@ -9,6 +9,9 @@
 // Writes go to a temp file renamed into place (readers never see a torn file);
 // a corrupted or truncated entry is reported as a miss, removed and logged.
 // A directory that cannot be written degrades to memory-only with one warning.
+// Size bound: LUNAJIT_CACHE_MAX_MB (default 2048) over the entry files; a hit
+// touches the entry's atime/mtime, and a put that takes the total over the
+// bound evicts the least recently used entries (oldest mtime first) down to it.
 //
 // On-disk layout of one entry, <dir>/bin/<key[0:2]>/<key>.bin (little endian):
 //   offset  0  8 bytes  magic "LUNAJITB"
@@ -42,7 +45,10 @@ struct CacheCounters {
   uint64_t misses = 0;
   uint64_t writes = 0;
   uint64_t corrupt = 0;  // entries found damaged and removed
+  uint64_t evictions = 0;  // entries removed to keep the size bound
 };
+
+inline constexpr uint64_t kDefaultCacheMaxMiB = 2048;
 
 // What is on disk (or in memory, when not persistent).
 struct CacheUsage {
@@ -59,6 +65,8 @@ class BinaryCache {
   // The process-wide cache at the default location (or LUNAJIT_CACHE_DIR).
   static BinaryCache& global();
   static std::filesystem::path default_dir();
+  // LUNAJIT_CACHE_MAX_MB in bytes (a positive integer), else kDefaultCacheMaxMiB MiB.
+  static uint64_t default_max_bytes();
 
   // The payload stored under `key`, or nullopt (a miss). A damaged entry counts
   // as a miss and as `corrupt`, is removed, and a warning goes to stderr.
@@ -75,6 +83,11 @@ class BinaryCache {
   std::vector<std::string> keys() const;
   CacheUsage usage() const;
 
+  // The size bound in bytes (entry files, headers included). Lowering it evicts
+  // at the next put.
+  uint64_t max_bytes() const { return max_bytes_.load(); }
+  void set_max_bytes(uint64_t bytes) { max_bytes_ = bytes; }
+
   CacheCounters counters() const;
   void reset_counters();
   const std::filesystem::path& dir() const { return dir_; }
@@ -85,6 +98,9 @@ class BinaryCache {
  private:
   void degrade_to_memory(const std::string& why);
   void count_corrupt(const std::filesystem::path& path, const std::string& reason);
+  // After a put of `added` bytes: evicts least recently used entries, other
+  // than `keep`, when the directory exceeds max_bytes().
+  void evict_if_needed(uint64_t added, const std::filesystem::path& keep);
 
   std::filesystem::path dir_;
   std::atomic<bool> persistent_{true};
@@ -92,6 +108,11 @@ class BinaryCache {
   std::map<std::string, std::string, std::less<>> memory_;  // used when not persistent
   CacheCounters counters_;
   bool warned_io_ = false;
+  std::atomic<uint64_t> max_bytes_{default_max_bytes()};
+  // Bytes on disk as this process last counted them plus its own puts since;
+  // UINT64_MAX until the first count. Other processes' puts are seen at the
+  // next count, which every put past the bound triggers.
+  uint64_t approx_bytes_ = UINT64_MAX;
 };
 
 }  // namespace lunajit

@@ -3,12 +3,14 @@
 #include "cache/binary_cache.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +42,12 @@ class CacheDir : public ::testing::Test {
   }
   fs::path root_;
 };
+
+// 32 hex digits ending in the number i.
+std::string fmt_key(int i) {
+  std::string k = std::to_string(i);
+  return std::string(32 - k.size(), 'a') + k;
+}
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -285,6 +293,71 @@ TEST_F(CacheDir, ConcurrentWritersFromFourProcesses) {
   EXPECT_EQ(cache.keys().size(), keys.size());  // and no temp files counted as keys
   for (const auto& e : fs::recursive_directory_iterator(root_ / "bin"))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// Sets the entry's mtime to `seconds` after the epoch: the LRU order the tests
+// want, independent of the file system's timestamp resolution.
+void set_mtime(const fs::path& p, long seconds) {
+  struct timespec t[2] = {{seconds, 0}, {seconds, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), t, 0), 0) << p;
+}
+
+TEST_F(CacheDir, EvictionKeepsTheBound) {
+  BinaryCache cache(root_);
+  const std::size_t entry_bytes = kHeaderBytes + 1000;
+  cache.set_max_bytes(5 * entry_bytes);  // room for five entries
+  for (int i = 0; i < 12; ++i) {
+    cache.put(fmt_key(i), payload(1000, char('a' + i)));
+    if (fs::exists(cache.entry_path(fmt_key(i)))) set_mtime(cache.entry_path(fmt_key(i)), 1000 + i);
+    EXPECT_LE(cache.usage().bytes, cache.max_bytes()) << "after put " << i;
+  }
+  EXPECT_EQ(cache.usage().entries, 5u);
+  EXPECT_EQ(cache.counters().evictions, 7u);
+  // The most recent puts survive.
+  for (int i = 7; i < 12; ++i) EXPECT_TRUE(cache.get(fmt_key(i)).has_value()) << i;
+}
+
+TEST_F(CacheDir, EvictionIsLeastRecentlyUsed) {
+  BinaryCache cache(root_);
+  const std::size_t entry_bytes = kHeaderBytes + 100;
+  cache.set_max_bytes(3 * entry_bytes);
+  for (int i = 0; i < 3; ++i) {
+    cache.put(fmt_key(i), payload(100));
+    set_mtime(cache.entry_path(fmt_key(i)), 1000 + i);  // 0 oldest, 2 newest
+  }
+  // A hit makes entry 0 the most recently used, so entry 1 goes first.
+  ASSERT_TRUE(cache.get(fmt_key(0)).has_value());
+  struct stat st {};
+  ASSERT_EQ(::stat(cache.entry_path(fmt_key(0)).c_str(), &st), 0);
+  EXPECT_GT(st.st_mtim.tv_sec, 1002) << "a hit touches the entry";
+  cache.put(fmt_key(3), payload(100));
+  EXPECT_FALSE(fs::exists(cache.entry_path(fmt_key(1))));
+  EXPECT_TRUE(fs::exists(cache.entry_path(fmt_key(0))));
+  EXPECT_TRUE(fs::exists(cache.entry_path(fmt_key(2))));
+  EXPECT_TRUE(fs::exists(cache.entry_path(fmt_key(3))));
+  EXPECT_EQ(cache.counters().evictions, 1u);
+}
+
+TEST_F(CacheDir, EntryLargerThanTheBoundIsKeptAlone) {
+  BinaryCache cache(root_);
+  cache.set_max_bytes(500);
+  cache.put(fmt_key(0), payload(100));
+  cache.put(fmt_key(1), payload(2000));  // the new entry is never its own victim
+  EXPECT_TRUE(cache.get(fmt_key(1)).has_value());
+  EXPECT_FALSE(cache.get(fmt_key(0)).has_value());
+}
+
+TEST(BinaryCacheMaxBytes, FromEnvironment) {
+  const char* old = std::getenv("LUNAJIT_CACHE_MAX_MB");
+  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+  ::unsetenv("LUNAJIT_CACHE_MAX_MB");
+  EXPECT_EQ(BinaryCache::default_max_bytes(), kDefaultCacheMaxMiB << 20);
+  ::setenv("LUNAJIT_CACHE_MAX_MB", "3", 1);
+  EXPECT_EQ(BinaryCache::default_max_bytes(), 3ull << 20);
+  ::setenv("LUNAJIT_CACHE_MAX_MB", "lots", 1);  // warns, keeps the default
+  EXPECT_EQ(BinaryCache::default_max_bytes(), kDefaultCacheMaxMiB << 20);
+  if (saved) ::setenv("LUNAJIT_CACHE_MAX_MB", saved->c_str(), 1);
+  else ::unsetenv("LUNAJIT_CACHE_MAX_MB");
 }
 
 TEST(BinaryCacheDefaultDir, ResolutionOrder) {

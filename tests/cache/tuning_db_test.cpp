@@ -1,0 +1,229 @@
+// TuningDb: keys and buckets, deterministic lookup, concurrent writers from
+// four processes, damaged and read-only files, export/import/merge.
+#include "cache/tuning_db.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace lunajit {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+DeviceFingerprint device(std::string name = "NVIDIA H200", std::string driver = "12.4") {
+  return {std::move(name), 90, 132, 150ull << 30, std::move(driver), "13.0 build abc", "0.1.0"};
+}
+
+TuningEntry entry(int seq, int bh, std::string config_name, std::string method = "measured",
+                  std::string spec_hash = "spec1", std::string pass = "forward") {
+  TuningEntry e;
+  e.key = {std::move(spec_hash), std::move(pass), shape_bucket(1, bh, seq, "bf16")};
+  e.config = {{"block_tokens", 64}, {"name", config_name}};
+  e.config_name = std::move(config_name);
+  e.method = std::move(method);
+  e.timings.push_back({e.config, e.config_name, 0.5, "ok"});
+  e.timings.push_back({{{"block_tokens", 16}}, "T16", 0.9, "ok"});
+  return e;
+}
+
+class TuningDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "lunajit-tuning-test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override {
+    ::chmod(root_.c_str(), 0755);
+    ::chmod((root_ / "tuning").c_str(), 0755);
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  fs::path root_;
+};
+
+TEST(ShapeBucketTest, RoundsUpToPowersOfTwo) {
+  EXPECT_EQ(shape_bucket(2, 4, 1000, "bf16"), (ShapeBucket{1024, 8, "bf16"}));
+  EXPECT_EQ(shape_bucket(3, 5, 1024, "fp16"), (ShapeBucket{1024, 16, "fp16"}));
+  EXPECT_EQ(shape_bucket(1, 1, 1, "fp32"), (ShapeBucket{1, 1, "fp32"}));
+  EXPECT_EQ(round_up_pow2(1025), 2048);
+}
+
+TEST(DeviceFingerprintTest, IdChangesWithEveryField) {
+  const DeviceFingerprint base = device();
+  EXPECT_EQ(base.id().rfind("nvidia-h200-sm90-", 0), 0u) << base.id();
+  std::vector<DeviceFingerprint> variants(7, base);
+  variants[0].name = "NVIDIA H100";
+  variants[1].sm = 89;
+  variants[2].sm_count = 114;
+  variants[3].memory_bytes = 80ull << 30;
+  variants[4].driver = "12.5";
+  variants[5].nvrtc = "13.0 build def";
+  variants[6].lunajit = "0.2.0";
+  for (const auto& v : variants) EXPECT_NE(v.id(), base.id()) << v.to_json().dump();
+  EXPECT_EQ(DeviceFingerprint::from_json(base.to_json()).value(), base);
+}
+
+TEST_F(TuningDir, StoreReloadAndLookup) {
+  {
+    TuningDb db(root_, device());
+    ASSERT_TRUE(db.store(entry(1024, 8, "A")).ok());
+    ASSERT_TRUE(db.store(entry(4096, 64, "B")).ok());
+    EXPECT_TRUE(fs::exists(db.file()));
+  }
+  TuningDb db(root_, device());
+  ASSERT_EQ(db.entries().size(), 2u);
+  const TuningKey exact{"spec1", "forward", {1024, 8, "bf16"}};
+  auto hit = db.lookup(exact);
+  EXPECT_EQ(hit.kind, LookupKind::exact);
+  EXPECT_EQ(hit.entry->config_name, "A");
+  EXPECT_EQ(hit.entry->timings.size(), 2u);
+  // Nearest: seq 2048/bh 8 is 1 step from A, 1 + 3 from B.
+  auto near = db.lookup({"spec1", "forward", {2048, 8, "bf16"}});
+  EXPECT_EQ(near.kind, LookupKind::nearest);
+  EXPECT_EQ(near.entry->config_name, "A");
+  near = db.lookup({"spec1", "forward", {8192, 64, "bf16"}});
+  EXPECT_EQ(near.entry->config_name, "B");
+  // Other spec, pass or dtype: nothing (the caller takes the default config).
+  EXPECT_EQ(db.lookup({"spec2", "forward", {1024, 8, "bf16"}}).kind, LookupKind::none);
+  EXPECT_EQ(db.lookup({"spec1", "backward", {1024, 8, "bf16"}}).kind, LookupKind::none);
+  EXPECT_EQ(db.lookup({"spec1", "forward", {1024, 8, "fp16"}}).kind, LookupKind::none);
+  // A different device is a different file.
+  TuningDb other(root_, device("NVIDIA H200", "12.5"));
+  EXPECT_TRUE(other.entries().empty());
+  EXPECT_NE(other.file(), db.file());
+}
+
+TEST_F(TuningDir, NearestTiesAreDeterministic) {
+  TuningDb db(root_, device());
+  // Both one log2 step from seq 2048: the smaller seq wins, in any store order.
+  ASSERT_TRUE(db.store(entry(4096, 8, "big")).ok());
+  ASSERT_TRUE(db.store(entry(1024, 8, "small")).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(db.lookup({"spec1", "forward", {2048, 8, "bf16"}}).entry->config_name, "small");
+  TuningDb db2(root_, device());
+  EXPECT_EQ(db2.lookup({"spec1", "forward", {2048, 8, "bf16"}}).entry->config_name, "small");
+}
+
+TEST_F(TuningDir, RetuneReplacesTheEntryWhateverTheCandidates) {
+  TuningDb db(root_, device());
+  ASSERT_TRUE(db.store(entry(1024, 8, "A")).ok());
+  TuningEntry again = entry(1024, 8, "C");
+  again.timings.push_back({{{"block_tokens", 128}}, "T128", 0.1, "ok"});  // a longer candidate list
+  ASSERT_TRUE(db.store(again).ok());
+  ASSERT_EQ(db.entries().size(), 1u);
+  EXPECT_EQ(db.entries()[0].config_name, "C");
+}
+
+TEST_F(TuningDir, FourProcessesLeaveOneConsistentFile) {
+  const int kProcs = 4, kPerProc = 20;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProcs; ++p) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      TuningDb db(root_, device());
+      bool ok = true;
+      for (int i = 0; i < kPerProc; ++i) {
+        // Every process stores its own keys and one shared key.
+        ok &= db.store(entry(1 << (i % 12), 1 << p, "p" + std::to_string(p) + "i" + std::to_string(i), "measured",
+                             "spec" + std::to_string(i / 12)))
+                  .ok();
+        ok &= db.store(entry(64, 1, "shared", "measured", "shared-spec")).ok();
+      }
+      ::_exit(ok ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  TuningDb db(root_, device());
+  EXPECT_EQ(db.entries().size(), size_t(kProcs * kPerProc + 1));
+  // The file parses and no temp file or set-aside file is left.
+  for (const auto& e : fs::directory_iterator(root_ / "tuning")) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == ".lock" || e.path() == db.file()) << name;
+  }
+}
+
+TEST_F(TuningDir, DamagedFileIsSetAsideWithAWarning) {
+  {
+    TuningDb db(root_, device());
+    ASSERT_TRUE(db.store(entry(1024, 8, "A")).ok());
+  }
+  TuningDb probe(root_, device());
+  const fs::path file = probe.file();
+  const auto size = fs::file_size(file);
+  fs::resize_file(file, size / 2);  // a torn write, as a crash without rename would leave
+  ::testing::internal::CaptureStderr();
+  TuningDb db(root_, device());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("is damaged"), std::string::npos) << err;
+  EXPECT_TRUE(db.entries().empty());
+  ASSERT_TRUE(db.store(entry(1024, 8, "B")).ok());
+  TuningDb again(root_, device());
+  EXPECT_EQ(again.lookup({"spec1", "forward", {1024, 8, "bf16"}}).entry->config_name, "B");
+}
+
+// Root ignores mode bits, so there "tuning" is made a regular file instead,
+// which no user can create files in.
+TEST_F(TuningDir, ReadOnlyDirectoryKeepsResultsInMemory) {
+  if (::geteuid() == 0) {
+    std::ofstream(root_ / "tuning") << "x";
+  } else {
+    fs::create_directories(root_ / "tuning");
+    ASSERT_EQ(::chmod((root_ / "tuning").c_str(), 0555), 0);
+  }
+  TuningDb db(root_, device());
+  ::testing::internal::CaptureStderr();
+  EXPECT_TRUE(db.store(entry(1024, 8, "A")).ok());
+  EXPECT_TRUE(db.store(entry(2048, 8, "B")).ok());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("kept in memory"), std::string::npos) << err;
+  EXPECT_EQ(err.find("kept in memory"), err.rfind("kept in memory")) << "one warning, not one per store";
+  EXPECT_FALSE(db.persistent());
+  EXPECT_EQ(db.lookup({"spec1", "forward", {1024, 8, "bf16"}}).entry->config_name, "A");
+}
+
+TEST_F(TuningDir, ExportImportMerge) {
+  const fs::path a = root_ / "a", b = root_ / "b";
+  {
+    TuningDb db(a, device());
+    ASSERT_TRUE(db.store(entry(1024, 8, "A-measured")).ok());
+    ASSERT_TRUE(db.store(entry(2048, 8, "A-model", "model-ranked")).ok());
+    TuningDb other(a, device("NVIDIA A100", "12.4"));
+    ASSERT_TRUE(other.store(entry(1024, 8, "A100")).ok());
+  }
+  {
+    TuningDb db(b, device());
+    ASSERT_TRUE(db.store(entry(1024, 8, "B-model", "model-ranked")).ok());  // loses to A's measured
+    ASSERT_TRUE(db.store(entry(2048, 8, "B-measured")).ok());               // beats A's model-ranked
+    ASSERT_TRUE(db.store(entry(4096, 8, "B-only")).ok());
+  }
+  const json doc = export_tuning(a);
+  ASSERT_EQ(doc["databases"].size(), 2u);
+  auto n = import_tuning(b, doc);
+  ASSERT_TRUE(n.ok()) << n.error().message;
+  EXPECT_EQ(*n, 2);  // the measured 1024 entry and the A100 database
+  TuningDb merged(b, device());
+  EXPECT_EQ(merged.find({"spec1", "forward", {1024, 8, "bf16"}})->config_name, "A-measured");
+  EXPECT_EQ(merged.find({"spec1", "forward", {2048, 8, "bf16"}})->config_name, "B-measured");
+  EXPECT_EQ(merged.find({"spec1", "forward", {4096, 8, "bf16"}})->config_name, "B-only");
+  EXPECT_EQ(TuningDb(b, device("NVIDIA A100", "12.4")).entries().size(), 1u);
+  // Importing again changes nothing.
+  EXPECT_EQ(import_tuning(b, doc).value(), 0);
+  EXPECT_FALSE(import_tuning(b, json{{"x", 1}}).ok());
+  EXPECT_EQ(clear_tuning(b), 2);
+  EXPECT_TRUE(list_tuning_files(b).empty());
+}
+
+}  // namespace
+}  // namespace lunajit
