@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "codegen/launch_plan.h"
 #include "runtime/backend.h"
@@ -61,5 +62,33 @@ double forward_tolerance(DType dtype);
 // compares with reference::linear_attention_forward.
 Result<CheckReport> check_forward(Backend& backend, const AttentionSpec& spec, const TileConfig& config,
                                   const CheckOptions& options);
+
+// Error of one gradient tensor ("dq", "dk", "dv", or a parameter's name).
+struct TensorError {
+  std::string name;
+  double max_abs_error = 0;
+  double rel_rms = 0;  // rms(got - ref) / rms(ref)
+  double rms_reference = 0;
+  bool pass = false;
+};
+
+struct BackwardCheckReport {
+  std::vector<TensorError> tensors;  // dq, dk, dv, then every learned parameter tensor
+  double tolerance = 0;
+  bool pass = false;
+  double kernel_seconds = 0;  // the backward alone
+  std::string kernel_name;
+  std::vector<float> dparams;  // the parameter gradients as computed (for determinism checks)
+  std::vector<uint8_t> dq, dk, dv;  // raw gradient bytes in the I/O dtype
+};
+
+// Runs the forward (with `forward_config`) and the backward (with `config`) on
+// random inputs and upstream gradients, and compares dq, dk, dv and every
+// learned parameter gradient with reference::linear_attention_backward. The
+// bounds are the forward's (forward_tolerance): the same fp32 accumulation and
+// the same final rounding of dq, dk, dv to the I/O dtype; parameter gradients
+// stay fp32.
+Result<BackwardCheckReport> check_backward(Backend& backend, const AttentionSpec& spec, const TileConfig& config,
+                                           const CheckOptions& options);
 
 }  // namespace lunajit

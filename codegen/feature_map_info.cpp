@@ -26,6 +26,15 @@ int feature_map_scratch_per_row(const AttentionSpec& s) {
   }
 }
 
+int feature_map_backward_scratch_per_row(const AttentionSpec& s) {
+  switch (s.family) {
+    case Family::luna: return 1 + 2 * s.luna.projections;
+    case Family::performer: return 1;
+    case Family::slay: return s.slay.anchors + s.slay.nodes * s.slay.prf_features;
+    default: return 0;
+  }
+}
+
 std::string feature_map_template(Family f) {
   switch (f) {
     case Family::luna: return "lunajit::LunaFeatureMap";

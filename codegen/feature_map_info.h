@@ -11,6 +11,9 @@ namespace lunajit {
 // FeatureMap::kScratchPerRow of the family's template (asserted in the generated source).
 int feature_map_scratch_per_row(const AttentionSpec& spec);
 
+// FeatureMapBackward<FM>::kScratchPerRow (templates/lunajit/feature_map_backward.cuh).
+int feature_map_backward_scratch_per_row(const AttentionSpec& spec);
+
 // The template's name, e.g. "lunajit::LunaFeatureMap".
 std::string feature_map_template(Family family);
 

@@ -5,6 +5,7 @@
 
 #include "codegen/feature_map_info.h"
 #include "codegen/feature_params.h"
+#include "codegen/launch_plan.h"
 
 namespace lunajit {
 namespace {
@@ -24,27 +25,17 @@ std::string_view pass_summary(const AttentionSpec& s, Pass p) {
     case Pass::forward:
       return s.causal ? "causal forward, fused chunks (causal_chunk_kernel)"
                       : "non-causal forward, state pass + output pass";
-    case Pass::backward: return "backward";
+    case Pass::backward:
+      return s.causal ? "causal backward: forward scan for dq, reverse scan for dk, dv"
+                      : "non-causal backward: state, dstate, dq and dkv passes";
   }
   return "";
 }
 
 std::vector<KernelEntry> entries_for(const AttentionSpec& s, Pass p) {
-  auto expr = [](std::string_view kernel) { return fmt::format("lunajit::{}<lunajit_gen::Kernel>", kernel); };
   std::vector<KernelEntry> e;
-  const bool performer = s.family == Family::performer;
-  if (p == Pass::feature_map) {
-    if (performer) e.push_back({"key_stab", expr("key_stab_kernel")});
-    e.push_back({"feature_map", expr("feature_map_kernel")});
-  } else if (p == Pass::forward) {
-    if (performer) e.push_back({"key_stab", expr("forward_key_stab_kernel")});
-    if (s.causal) {
-      e.push_back({"causal_chunk", expr("causal_chunk_kernel")});
-    } else {
-      e.push_back({"state", expr("state_kernel")});
-      e.push_back({"output", expr("output_kernel")});
-    }
-  }
+  for (const std::string& role : kernel_roles(s, p))
+    e.push_back({role, fmt::format("lunajit::{}<lunajit_gen::Kernel>", kernel_template(p, role))});
   return e;
 }
 
@@ -52,8 +43,6 @@ std::vector<KernelEntry> entries_for(const AttentionSpec& s, Pass p) {
 
 Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
   if (auto st = validate(spec); !st) return st.error();
-  if (pass == Pass::backward)
-    return Error::invalid("pass = backward: backward kernels are not generated yet; allowed: feature_map, forward");
 
   const std::string hash = spec_hash(spec);
   KernelSource src;
@@ -72,7 +61,9 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
   c += fmt::format("// config: {} {}\n", config.to_string(), config.to_json().dump());
   c += "// kernels (NVRTC name expressions):\n";
   for (const auto& e : src.entries) c += fmt::format("//   {:<13} {}\n", e.role, e.name_expression);
-  c += "\n#include \"lunajit/linear_attention.cuh\"\n\nnamespace lunajit_gen {\n\n";
+  c += pass == Pass::backward ? "\n#include \"lunajit/linear_attention_backward.cuh\"\n"
+                              : "\n#include \"lunajit/linear_attention.cuh\"\n";
+  c += "\nnamespace lunajit_gen {\n\n";
   c += "struct FeatureOptions {\n" + feature_options_body(spec) + "};\n\n";
   c += "struct Kernel {\n";
   c += fmt::format("  using T = {};\n", element_type(spec.dtype));
@@ -96,6 +87,16 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
       "static_assert(Kernel::FeatureMap::kScratchPerRow == {},\n"
       "              \"host (codegen/feature_map_info.cpp) and device disagree on the feature map's scratch\");\n",
       feature_map_scratch_per_row(spec));
+  if (pass == Pass::backward) {
+    c += fmt::format(
+        "static_assert(lunajit::FeatureMapBackward<Kernel::FeatureMap>::kScratchPerRow == {},\n"
+        "              \"host and device disagree on the feature map backward's scratch\");\n",
+        feature_map_backward_scratch_per_row(spec));
+    c += fmt::format(
+        "static_assert(lunajit::FeatureMapBackward<Kernel::FeatureMap>::kLearned == {},\n"
+        "              \"host and device disagree on whether the feature map learns parameters\");\n",
+        has_learned_params(spec));
+  }
   c += "\n}  // namespace lunajit_gen\n";
   return src;
 }

@@ -5,22 +5,6 @@
 
 namespace lunajit {
 
-std::string_view to_string(Pass p) {
-  switch (p) {
-    case Pass::feature_map: return "feature_map";
-    case Pass::forward: return "forward";
-    case Pass::backward: return "backward";
-  }
-  return "?";
-}
-
-Result<Pass> parse_pass(std::string_view s) {
-  for (Pass p : {Pass::feature_map, Pass::forward, Pass::backward})
-    if (to_string(p) == s) return p;
-  return Error::invalid(std::string("pass = \"") + std::string(s) +
-                        "\": unknown; allowed: feature_map, forward, backward");
-}
-
 const std::string& embedded_headers_hash() {
   static const std::string hash = [] {
     Hasher h;

@@ -15,10 +15,6 @@
 
 namespace lunajit {
 
-enum class Pass { feature_map, forward, backward };
-std::string_view to_string(Pass p);
-Result<Pass> parse_pass(std::string_view s);
-
 struct KernelEntry {
   std::string role;             // "state", "output", "causal_chunk", "key_stab", "feature_map", ...
   std::string name_expression;  // what NVRTC's nvrtcAddNameExpression receives

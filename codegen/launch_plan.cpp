@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "codegen/feature_map_info.h"
+#include "codegen/feature_params.h"
 #include "lunajit/layout.cuh"
 
 namespace lunajit {
@@ -28,7 +29,66 @@ Status validate(const ProblemShape& s) {
   return ok_status();
 }
 
+bool has_learned_params(const AttentionSpec& spec) {
+  for (const auto& t : param_layout(spec).tensors)
+    if (t.learned) return true;
+  return false;
+}
+
+std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass) {
+  std::vector<std::string> roles;
+  if (spec.family == Family::performer) roles.push_back("key_stab");
+  switch (pass) {
+    case Pass::feature_map: roles.push_back("feature_map"); break;
+    case Pass::forward:
+      if (spec.causal) roles.push_back("causal_chunk");
+      else roles.insert(roles.end(), {"state", "output"});
+      break;
+    case Pass::backward:
+      if (spec.causal) roles.insert(roles.end(), {"causal_dq", "causal_dkv"});
+      else roles.insert(roles.end(), {"state", "dstate", "dq", "dkv"});
+      if (has_learned_params(spec)) roles.push_back("param_reduce");
+      break;
+  }
+  return roles;
+}
+
+std::string kernel_template(Pass pass, std::string_view role) {
+  if (role == "key_stab")
+    return pass == Pass::feature_map ? "key_stab_kernel"
+           : pass == Pass::forward   ? "forward_key_stab_kernel"
+                                     : "backward_key_stab_kernel";
+  if (role == "state" && pass == Pass::backward) return "backward_state_kernel";
+  return std::string(role) + "_kernel";
+}
+
+namespace {
+BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
+  return BackwardDims{spec.head_dim,
+                      spec.feature_dim(),
+                      spec.value_dim,
+                      feature_map_scratch_per_row(spec),
+                      feature_map_backward_scratch_per_row(spec),
+                      spec.causal ? c.chunk() : c.block_tokens(),
+                      c.threads(),
+                      has_learned_params(spec) ? static_cast<int>(param_layout(spec).per_head_floats) : 0};
+}
+}  // namespace
+
+int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& c, int seq) {
+  const BackwardDims p = backward_dims(spec, c);
+  const BackwardWorkspace w =
+      backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens, p.param_floats);
+  return 4 * w.total;
+}
+
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::string_view role) {
+  if (role == "dstate") return backward_smem_layout(BackwardKind::dstate, backward_dims(spec, c)).bytes();
+  if (role == "dq") return backward_smem_layout(BackwardKind::dq, backward_dims(spec, c)).bytes();
+  if (role == "dkv") return backward_smem_layout(BackwardKind::dkv, backward_dims(spec, c)).bytes();
+  if (role == "causal_dq") return backward_smem_layout(BackwardKind::causal_dq, backward_dims(spec, c)).bytes();
+  if (role == "causal_dkv") return backward_smem_layout(BackwardKind::causal_dkv, backward_dims(spec, c)).bytes();
+  if (role == "param_reduce") return 0;
   auto dims = [&](int tokens) {
     return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
                       c.threads()};
@@ -70,8 +130,28 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         plan.workspace_floats = state_offset(bh) + bh * c.state_splits() * (D * spec.value_dim + D);
       }
       break;
-    case Pass::backward:
-      return Error::invalid("pass = backward: backward kernels are not generated yet");
+    case Pass::backward: {
+      if (performer) add("key_stab", {static_cast<unsigned>(bh), 1, 1});
+      const BackwardDims p = backward_dims(spec, c);
+      const unsigned tiles = ceil_div(shape.seq, c.block_tokens());
+      if (spec.causal) {
+        add("causal_dq", {static_cast<unsigned>(bh), 1, 1});
+        add("causal_dkv", {static_cast<unsigned>(bh), 1, 1});
+      } else {
+        add("state", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), dv_blocks});
+        add("dstate", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), 1});
+        add("dq", {tiles, static_cast<unsigned>(bh), 1});
+        add("dkv", {tiles, static_cast<unsigned>(bh), 1});
+      }
+      if (p.param_floats > 0) {
+        const unsigned blocks = spec.params_per_head ? static_cast<unsigned>(shape.heads) : 1u;
+        add("param_reduce", {ceil_div(p.param_floats, c.threads()), blocks, 1});
+      }
+      plan.workspace_floats = backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv,
+                                                 spec.causal, p.tokens, p.param_floats)
+                                  .total;
+      break;
+    }
   }
   return plan;
 }

@@ -34,8 +34,25 @@ struct LaunchPlan {
   int64_t workspace_floats = 0;        // fp32 scratch the caller allocates
 };
 
+// The kernels of a pass in launch order, by role: "key_stab" (performer),
+// "feature_map"; forward "state", "output" | "causal_chunk"; backward "state",
+// "dstate", "dq", "dkv" | "causal_dq", "causal_dkv", then "param_reduce" when
+// the family learns parameters.
+std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass);
+
+// The kernel template a role instantiates ("state_kernel"; the backward's
+// state pass is "backward_state_kernel").
+std::string kernel_template(Pass pass, std::string_view role);
+
+// Whether any parameter tensor of the spec's family is learned (has a gradient).
+bool has_learned_params(const AttentionSpec& spec);
+
 // Dynamic shared memory of the kernel with `role` (0 for an unknown role).
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& config, std::string_view role);
+
+// Bytes of global memory the backward needs per (batch, head) beyond q, k, v,
+// o, dout and the gradients themselves (its workspace), for a sequence of `seq`.
+int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& config, int seq);
 
 Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& config, Pass pass,
                                  const ProblemShape& shape);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codegen/feature_map_info.h"
+#include "codegen/launch_plan.h"
 #include "common/hash.h"
 #include "lunajit/layout.cuh"
 
@@ -26,12 +27,24 @@ std::string list(const int (&choices)[N]) {
   return s;
 }
 
-LayoutDims dims(const AttentionSpec& spec, const TileConfig& c, int tokens) {
-  return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
-                    c.threads()};
-}
 
 }  // namespace
+
+std::string_view to_string(Pass p) {
+  switch (p) {
+    case Pass::feature_map: return "feature_map";
+    case Pass::forward: return "forward";
+    case Pass::backward: return "backward";
+  }
+  return "?";
+}
+
+Result<Pass> parse_pass(std::string_view s) {
+  for (Pass p : {Pass::feature_map, Pass::forward, Pass::backward})
+    if (to_string(p) == s) return p;
+  return Error::invalid(std::string("pass = \"") + std::string(s) +
+                        "\": unknown; allowed: feature_map, forward, backward");
+}
 
 TileConfig::TileConfig(int block_tokens, int warps, int dv_block, int chunk, int state_splits,
                        PhiInBackward phi_backward)
@@ -95,47 +108,45 @@ Result<TileConfig> tile_config_from_string(std::string_view text, const TileConf
   return tile_config_from_json(j, base);
 }
 
-ForwardSmem forward_smem_bytes(const AttentionSpec& spec, const TileConfig& c) {
-  ForwardSmem s;
-  s.feature_map = smem_layout(KernelKind::feature_map, dims(spec, c, c.block_tokens())).bytes();
-  s.state = smem_layout(KernelKind::state, dims(spec, c, c.block_tokens())).bytes();
-  s.output = smem_layout(KernelKind::output, dims(spec, c, c.block_tokens())).bytes();
-  s.causal_chunk = smem_layout(KernelKind::causal_chunk, dims(spec, c, c.chunk())).bytes();
-  return s;
-}
-
-Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch& arch) {
+Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch& arch, Pass pass) {
   if (c.threads() > arch.max_threads_per_block)
     return Error::invalid(fmt::format("{}: {} threads exceed {}'s {} per block", c.to_string(), c.threads(),
                                       arch.name(), arch.max_threads_per_block));
   if (c.dv_block() >= 2 * spec.value_dim && c.dv_block() > kDvBlockChoices[0])
     return Error::invalid(fmt::format("{}: dv_block {} is over twice value_dim {} (half the block would idle)",
                                       c.to_string(), c.dv_block(), spec.value_dim));
-  const ForwardSmem smem = forward_smem_bytes(spec, c);
+  if (pass == Pass::backward && c.phi_backward() == PhiInBackward::save)
+    return Error::invalid(fmt::format("{}: phi_backward = save is not implemented yet (the backward recomputes "
+                                      "phi); allowed: recompute",
+                                      c.to_string()));
   const long long limit = arch.max_smem_per_block;
-  auto over = [&](const char* kernel, long long bytes) -> Status {
+  for (const std::string& role : kernel_roles(spec, pass)) {
+    const int64_t bytes = dynamic_smem_bytes(spec, c, role);
     if (bytes > limit)
       return Error::invalid(fmt::format("{}: the {} kernel needs {} bytes of shared memory; {} allows {}",
-                                        c.to_string(), kernel, bytes, arch.name(), limit));
+                                        c.to_string(), role, bytes, arch.name(), limit));
+  }
+  // Register accumulators of the state passes: (D, dv_block) forward, (D, dv) backward.
+  const int D = spec.feature_dim();
+  auto registers = [&](const char* kernel, int dv) -> Status {
+    const int entries = state_entries_per_thread(D, dv, c.threads());
+    if (entries > kMaxStateEntriesPerThread)
+      return Error::invalid(fmt::format("{}: the {} kernel would hold {} accumulators per thread (D {} x {} / {} "
+                                        "threads); at most {} fit in registers",
+                                        c.to_string(), kernel, entries, D, dv, c.threads(),
+                                        kMaxStateEntriesPerThread));
     return ok_status();
   };
-  if (spec.causal) {
-    if (auto st = over("causal chunk", smem.causal_chunk); !st) return st;
-  } else {
-    const int entries = state_entries_per_thread(spec.feature_dim(), c.dv_block(), c.threads());
-    if (entries > kMaxStateEntriesPerThread)
-      return Error::invalid(fmt::format("{}: the state pass would hold {} accumulators per thread (D {} x dv_block "
-                                        "{} / {} threads); at most {} fit in registers",
-                                        c.to_string(), entries, spec.feature_dim(), c.dv_block(), c.threads(),
-                                        kMaxStateEntriesPerThread));
-    if (auto st = over("state", smem.state); !st) return st;
-    if (auto st = over("output", smem.output); !st) return st;
+  if (!spec.causal && pass == Pass::forward)
+    if (auto st = registers("state", c.dv_block()); !st) return st;
+  if (!spec.causal && pass == Pass::backward) {
+    if (auto st = registers("state", c.dv_block()); !st) return st;
+    if (auto st = registers("dstate", spec.value_dim); !st) return st;
   }
-  if (auto st = over("feature map", smem.feature_map); !st) return st;
   return ok_status();
 }
 
-TileConfig default_config(const AttentionSpec& spec, const Arch& arch) {
+TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass) {
   // Prefer one block over all of dv (phi computed once per token), then the
   // largest chunk and tile that fit: fewer, larger tiles amortize the feature
   // map's parameter reads. Splits = 4 keeps 132 SMs busy from batch*heads >= 33.
@@ -148,12 +159,12 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch) {
       for (int tokens : {64, 32, 16})
         for (int warps : {4, 8, 2, 1}) {
           TileConfig c(tokens, warps, dvb, chunk, 4);
-          if (can_implement(spec, c, arch)) return c;
+          if (can_implement(spec, c, arch, pass)) return c;
         }
-  return TileConfig(16, 1, 8, 16, 1);
+  return TileConfig(16, 1, 8, 8, 1);
 }
 
-std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch) {
+std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch, Pass pass) {
   std::vector<TileConfig> out;
   for (int tokens : kBlockTokenChoices)
     for (int warps : kWarpChoices)
@@ -162,7 +173,7 @@ std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch&
           for (int splits : kStateSplitChoices)
             for (auto phi : {PhiInBackward::recompute, PhiInBackward::save}) {
               TileConfig c(tokens, warps, dvb, chunk, splits, phi);
-              if (can_implement(spec, c, arch)) out.push_back(c);
+              if (can_implement(spec, c, arch, pass)) out.push_back(c);
             }
   return out;
 }

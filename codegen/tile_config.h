@@ -28,6 +28,11 @@ namespace lunajit {
 
 enum class PhiInBackward { recompute, save };
 
+// The kernels generated for a spec: the feature map alone, the forward, the backward.
+enum class Pass { feature_map, forward, backward };
+std::string_view to_string(Pass p);
+Result<Pass> parse_pass(std::string_view s);
+
 class TileConfig {
  public:
   TileConfig() = default;
@@ -71,24 +76,17 @@ inline constexpr int kDvBlockChoices[] = {8, 16, 32, 64, 128, 256};
 inline constexpr int kChunkChoices[] = {8, 16, 32, 64, 128};
 inline constexpr int kStateSplitChoices[] = {1, 2, 4, 8, 16};
 
-// Shared memory (bytes) each forward kernel of `spec` needs under `config`.
-struct ForwardSmem {
-  int64_t feature_map = 0;
-  int64_t state = 0;
-  int64_t output = 0;
-  int64_t causal_chunk = 0;
-};
-ForwardSmem forward_smem_bytes(const AttentionSpec& spec, const TileConfig& config);
+// Whether the kernels of `pass` can run `config` for `spec` on `arch`; the error
+// says which limit is exceeded (shared memory, registers of the state
+// accumulators, threads) or which knob value is not implemented.
+Status can_implement(const AttentionSpec& spec, const TileConfig& config, const Arch& arch,
+                     Pass pass = Pass::forward);
 
-// Whether the kernels can run `config` for `spec` on `arch`; the error says which
-// limit is exceeded (shared memory, registers of the state accumulators, threads).
-Status can_implement(const AttentionSpec& spec, const TileConfig& config, const Arch& arch);
-
-// The default config for a spec on an arch: a pure function (no timing), the
+// The default config for a spec, arch and pass: a pure function (no timing), the
 // largest tiles that can_implement accepts, preferring dv_block = value_dim.
-TileConfig default_config(const AttentionSpec& spec, const Arch& arch);
+TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
 
-// Every config can_implement accepts, in a fixed order (smallest tiles first).
-std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch);
+// Every config can_implement accepts for the pass, in a fixed order (smallest tiles first).
+std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
 
 }  // namespace lunajit

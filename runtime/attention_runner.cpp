@@ -58,6 +58,32 @@ Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, c
   return launch_plan(*plan, &args);
 }
 
+Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k,
+                                 const TensorRef& v, const TensorRef& o, const TensorRef& dout,
+                                 const MutableTensorRef& dq, const MutableTensorRef& dk, const MutableTensorRef& dv,
+                                 DevicePtr params, DevicePtr dparams) {
+  if (source().pass != Pass::backward)
+    return Error::invalid(fmt::format("{}: backward() called on a {} runner", source().name, to_string(source().pass)));
+  auto plan = plan_launches(spec(), config(), Pass::backward, shape);
+  if (!plan) return plan.error();
+  auto ws = workspace(plan->workspace_floats);
+  if (!ws) return ws.error();
+  BackwardArgs args{};
+  args.problem = {shape.batch, shape.heads, shape.seq};
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  args.o = o;
+  args.dout = dout;
+  args.dq = dq;
+  args.dk = dk;
+  args.dv = dv;
+  args.params = reinterpret_cast<const float*>(params);
+  args.dparams = reinterpret_cast<float*>(dparams);
+  args.workspace = *ws;
+  return launch_plan(*plan, &args);
+}
+
 Status AttentionRunner::feature_map(const ProblemShape& shape, const TensorRef& x, DevicePtr phi, DevicePtr params,
                                     bool is_query) {
   if (source().pass != Pass::feature_map)

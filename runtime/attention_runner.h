@@ -25,6 +25,13 @@ class AttentionRunner {
   Status forward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                  const MutableTensorRef& o, DevicePtr params);
 
+  // dq, dk, dv and dparams from dout (Pass::backward); o is the forward's output.
+  // dparams [param blocks, per-head floats] fp32 is overwritten when the family
+  // learns parameters and left untouched otherwise (its gradient is zero).
+  Status backward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                  const TensorRef& o, const TensorRef& dout, const MutableTensorRef& dq, const MutableTensorRef& dk,
+                  const MutableTensorRef& dv, DevicePtr params, DevicePtr dparams);
+
   // phi = feature_map(x) as fp32 [batch, seq, heads, D] contiguous (Pass::feature_map).
   Status feature_map(const ProblemShape& shape, const TensorRef& x, DevicePtr phi, DevicePtr params, bool is_query);
 

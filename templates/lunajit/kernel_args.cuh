@@ -60,4 +60,24 @@ struct ForwardArgs {
   float* workspace;
 };
 
+// Backward of linear attention (docs/MATH.md §1). o is the forward output,
+// dout the upstream gradient. dq, dk, dv are written in the I/O dtype; dparams
+// [param blocks, per-head floats] fp32 is overwritten with the gradient of every
+// learned parameter (fixed tensors get 0). The workspace size comes from the
+// launch plan.
+struct BackwardArgs {
+  Problem problem;
+  TensorRef q;
+  TensorRef k;
+  TensorRef v;
+  TensorRef o;
+  TensorRef dout;
+  MutableTensorRef dq;
+  MutableTensorRef dk;
+  MutableTensorRef dv;
+  const float* params;
+  float* dparams;
+  float* workspace;
+};
+
 }  // namespace lunajit

@@ -80,4 +80,80 @@ LUNAJIT_HOST_DEVICE constexpr int state_entries_per_thread(int D, int dv_block, 
 }
 inline constexpr int kMaxStateEntriesPerThread = 128;
 
+// ---------------------------------------------------------------- backward
+
+enum class BackwardKind { dstate, dq, dkv, causal_dq, causal_dkv };
+
+struct BackwardDims {
+  int d, D, dv;
+  int scratch;      // forward feature-map scratch per row
+  int bscratch;     // backward feature-map scratch per row
+  int tokens;       // T (non-causal) or C (causal)
+  int threads;
+  int param_floats; // per-head parameter floats when the family learns parameters, else 0
+};
+
+// Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
+struct BackwardSmem {
+  int state, z, x, phi_q, phi_k, dphi, v, dout, o, scores, den, r, scratch, bscratch, dx, dparams, total;
+  LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
+};
+
+LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kind, BackwardDims p) {
+  const bool causal = kind == BackwardKind::causal_dq || kind == BackwardKind::causal_dkv;
+  const bool grads = kind != BackwardKind::dstate;  // maps dphi back through the feature map
+  const bool needs_state = kind != BackwardKind::dstate;
+  const bool queries = kind != BackwardKind::dkv;    // reads dout, o and denominators
+  const bool keys = kind != BackwardKind::dstate && kind != BackwardKind::dq;
+  const int t = p.tokens;
+  BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  int off = 0;
+  l.state = off;    off = align4(off + (needs_state ? p.D * p.dv : 0));       // S or dS (D, dv)
+  l.z = off;        off = align4(off + p.D);                                  // z or dz (D)
+  l.x = off;        off = align4(off + t * p.d);                              // (t, d)
+  l.phi_q = off;    off = align4(off + t * p.D);                              // (t, D)
+  l.phi_k = off;    off = align4(off + (causal ? t * p.D : 0));               // (t, D)
+  l.dphi = off;     off = align4(off + (grads ? t * p.D : 0));                // (t, D)
+  l.v = off;        off = align4(off + (keys || causal ? t * p.dv : 0));      // (t, dv)
+  l.dout = off;     off = align4(off + (queries ? t * p.dv : 0));             // (t, dv), becomes g
+  l.o = off;        off = align4(off + (queries ? t * p.dv : 0));             // (t, dv)
+  l.scores = off;   off = align4(off + (causal ? 2 * t * t : 0));             // A and B (t, t) each
+  l.den = off;      off = align4(off + (queries ? t : 0));
+  l.r = off;        off = align4(off + (queries ? t : 0));
+  l.scratch = off;  off = align4(off + t * p.scratch);
+  l.bscratch = off; off = align4(off + (grads ? t * p.bscratch : 0));
+  l.dx = off;       off = align4(off + (grads ? t * p.d : 0));                // (t, d)
+  l.dparams = off;  off = align4(off + (grads ? p.param_floats : 0));
+  l.total = off;
+  return l;
+}
+
+// Blocks that write a partial parameter gradient: per (batch, head), one per
+// query tile and one per key tile (non-causal), or one query and one key
+// block (causal).
+LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq, bool causal, int tokens) {
+  return causal ? 2LL * batch_heads : 2LL * batch_heads * ((seq + tokens - 1) / tokens);
+}
+
+// Workspace of the backward pass (floats): key stabiliser, state partials and
+// their gradients (non-causal), per-token denominators (causal), and one
+// partial parameter gradient per block that maps dphi back (slots).
+struct BackwardWorkspace {
+  long long stab, state, dstate, den, slots, total;
+};
+
+LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_heads, int seq, int splits, int D,
+                                                                  int dv, bool causal, int tokens,
+                                                                  int param_floats) {
+  BackwardWorkspace w{0, 0, 0, 0, 0, 0};
+  const long long part = (long long)batch_heads * splits * ((long long)D * dv + D);
+  w.stab = 0;
+  w.state = (batch_heads + 3) / 4 * 4;
+  w.dstate = w.state + (causal ? 0 : part);
+  w.den = w.dstate + (causal ? 0 : part);
+  w.slots = w.den + (causal ? (long long)batch_heads * seq : 0);
+  w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens) * (long long)param_floats;
+  return w;
+}
+
 }  // namespace lunajit

@@ -117,21 +117,24 @@ __global__ void __launch_bounds__(K::threads) forward_key_stab_kernel(const Forw
 
 // Non-causal state pass: partial S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j)
 // over this block's share of the sequence. Grid (batch*heads, splits, dv blocks).
+// The state pass of one block, shared by the forward and the backward:
+// partials (S, z) of (batch*heads, split) written to `parts_base`
+// [batch*heads][splits][D*dv + D].
 template <class K>
-__global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) {
+LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
+                                const float* all_params, float key_stab, float* parts_base) {
   using Tr = KernelTraits<K>;
   constexpr int T = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr SmemLayout L = smem_layout(KernelKind::state, Tr::dims(T));
   constexpr int kEntries = state_entries_per_thread(D, DVB, NT);  // (D, DVB) accumulators per thread
   constexpr int kZEntries = (D + NT - 1) / NT;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = a.problem.seq;
+  const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
+  const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
   const int tiles = (seq + T - 1) / T;
   const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
   const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
-  const float* params = Tr::head_params(a.params, h);
-  const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
+  const float* params = Tr::head_params(all_params, h);
 
   float acc[kEntries];
   float zacc[kZEntries];
@@ -141,8 +144,8 @@ __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) 
   for (int i = 0; i < kZEntries; ++i) zacc[i] = 0.0f;
   for (int t0 = s0; t0 < s1; t0 += T) {
     const int valid = min(T, s1 - t0);
-    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, K::dv, c0, DVB, smem + L.v);  // (valid, DVB)
+    load_rows<typename K::T, NT>(k_in, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(v_in, b, h, t0, valid, valid, K::dv, c0, DVB, smem + L.v);  // (valid, DVB)
     __syncthreads();
     K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid,
                                       FeatureContext{params, t0, seq, 0, key_stab});
@@ -168,8 +171,7 @@ __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) 
     }
     __syncthreads();
   }
-  float* part = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
-                ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
+  float* part = parts_base + ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
 #pragma unroll
   for (int i = 0; i < kEntries; ++i) {
     const int e = threadIdx.x + i * NT;
@@ -182,6 +184,13 @@ __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) 
       const int f = threadIdx.x + i * NT;
       if (f < D) part[D * K::dv + f] = zacc[i];
     }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) {
+  const int bh = blockIdx.x;
+  state_block<K>(a.problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f,
+                 a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads));
 }
 
 // Non-causal output pass: o_i = phi(q_i)^T S / (phi(q_i)^T z + eps).

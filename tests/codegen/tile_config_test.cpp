@@ -40,7 +40,7 @@ TEST(TileConfig, CanImplementExplainsSharedMemoryLimit) {
   EXPECT_TRUE(can_implement(s, big, sm90).ok());
   auto st = can_implement(s, big, sm86);
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.error().message.find("causal chunk kernel needs"), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find("causal_chunk kernel needs"), std::string::npos) << st.error().message;
   EXPECT_NE(st.error().message.find("sm_86 allows 101376"), std::string::npos) << st.error().message;
 }
 

@@ -1,0 +1,473 @@
+// Backward of linear attention fused with the feature map's own backward
+// (docs/MATH.md §1): dq, dk, dv and the gradient of every learned feature-map
+// parameter. phi is recomputed from q and k (TileConfig::phi_backward =
+// recompute) and never touches global memory.
+//
+// With g_i = dO_i / den_i and r_i = -(dO_i . o_i) / den_i (normalized; else
+// g = dO, r = 0):
+//   dphi(q_i) = S g_i + z r_i          dS = sum_i phi(q_i) g_i^T, dz = sum_i phi(q_i) r_i
+//   dphi(k_j) = dS v_j + dz            dv_j = dS^T phi(k_j)
+// Non-causal: backward_state_kernel (S, z partials, as the forward) ->
+// dstate_kernel (dS, dz partials over query splits) -> dq_kernel (query tiles)
+// and dkv_kernel (key tiles). Causal: causal_dq_kernel scans the chunks forward
+// carrying (S, z) and stores each token's denominator; causal_dkv_kernel scans
+// them backward carrying (dS, dz):
+//   dphi(q_i) = sum_{j<=i in c} B_ij phi(k_j) + S_<c g_i + z_<c r_i,   B_ij = v_j . g_i + r_i
+//   dphi(k_j) = sum_{i>=j in c} B_ij phi(q_i) + dS_>c v_j + dz_>c
+//   dv_j      = sum_{i>=j in c} A_ij g_i + dS_>c^T phi(k_j),            A_ij = phi(q_i) . phi(k_j)
+// Parameter gradients: every block that maps dphi back writes its partial
+// to its own workspace slot; param_reduce_kernel sums the slots in a fixed
+// order. No floating-point atomics: two runs give bitwise-equal gradients.
+#pragma once
+
+#include "lunajit/feature_map_backward.cuh"
+#include "lunajit/linear_attention.cuh"
+
+namespace lunajit {
+
+template <class K>
+struct BackwardTraits {
+  using FM = typename K::FeatureMap;
+  using FB = FeatureMapBackward<FM>;
+  static constexpr bool kLearned = FB::kLearned;
+  static constexpr int kTokens = K::causal ? K::chunk : K::block_tokens;
+  static constexpr int kParamFloats = kLearned ? K::param_floats : 0;
+  static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
+    return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
+                        kParamFloats};
+  }
+  static LUNAJIT_DEVICE BackwardWorkspace workspace(const Problem& p) {
+    return backward_workspace(p.batch * p.heads, p.seq, K::state_splits, K::D, K::dv, K::causal, kTokens,
+                              kParamFloats);
+  }
+};
+
+// Sums the split partials [splits][D*dv + D] of one (batch, head) into S (D, dv) and z (D).
+template <class K>
+LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
+  constexpr long long kPart = (long long)K::D * K::dv + K::D;
+  for (int e = threadIdx.x; e < K::D * K::dv; e += K::threads) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + e];
+    S[e] = s;
+  }
+  for (int f = threadIdx.x; f < K::D; f += K::threads) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + K::D * K::dv + f];
+    z[f] = s;
+  }
+}
+
+// r_i and g_i in place of dout, given den_i (rows < valid).
+template <class K>
+LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* den, float* r, int valid) {
+  if constexpr (K::normalize) {
+    for (int i = threadIdx.x; i < valid; i += K::threads) r[i] = -fm::dot(dout + i * K::dv, o + i * K::dv, K::dv) / den[i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * K::dv; e += K::threads) dout[e] /= den[e / K::dv];
+  } else {
+    for (int i = threadIdx.x; i < valid; i += K::threads) r[i] = 0.0f;
+  }
+  __syncthreads();
+}
+
+template <class K>
+LUNAJIT_DEVICE void store_tile(const float* src, int valid, int dim, const MutableTensorRef& dst, int b, int h,
+                               int t0) {
+  typename K::T* base = static_cast<typename K::T*>(dst.data) + b * dst.stride_batch + h * dst.stride_head;
+  for (int e = threadIdx.x; e < valid * dim; e += K::threads) {
+    const int r = e / dim, c = e - r * dim;
+    base[(long long)(t0 + r) * dst.stride_seq + c] = from_float<typename K::T>(src[e]);
+  }
+}
+
+template <class K>
+LUNAJIT_DEVICE void write_slot(const float* dparams, float* slot) {
+  for (int p = threadIdx.x; p < BackwardTraits<K>::kParamFloats; p += K::threads) slot[p] = dparams[p];
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) backward_key_stab_kernel(const BackwardArgs a) {
+  if constexpr (K::performer) {
+    const int bh = blockIdx.x;
+    key_stab_block<K>(a.k, a.params, bh / a.problem.heads, bh % a.problem.heads, a.problem.seq, a.problem.heads,
+                      a.workspace + bh);
+  }
+}
+
+// (S, z) partials, exactly as the forward. Grid (batch*heads, splits, dv blocks).
+template <class K>
+__global__ void __launch_bounds__(K::threads) backward_state_kernel(const BackwardArgs a) {
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
+  state_block<K>(a.problem, a.k, a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
+}
+
+// (dS, dz) partials over this block's share of the queries. Grid (batch*heads, splits).
+template <class K>
+__global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dstate, Tr::dims());
+  constexpr int kEntries = state_entries_per_thread(D, DV, NT);
+  constexpr int kZEntries = (D + NT - 1) / NT;
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, split = blockIdx.y;
+  const int seq = a.problem.seq, tiles = (seq + T - 1) / T;
+  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
+  constexpr long long kPart = (long long)D * DV + D;
+  const float* parts = a.workspace + w.state + (long long)bh * K::state_splits * kPart;
+  float* z = smem + L.z;
+  for (int f = threadIdx.x; f < D; f += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * DV + f];
+    z[f] = s;
+  }
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  float acc[kEntries];
+  float zacc[kZEntries];
+#pragma unroll
+  for (int i = 0; i < kEntries; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kZEntries; ++i) zacc[i] = 0.0f;
+  float* phi = smem + L.phi_q;
+  float* g = smem + L.dout;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  for (int t0 = s0; t0 < s1; t0 += T) {
+    const int valid = min(T, s1 - t0);
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? fm::dot(phi + i * D, z, D) + K::eps : 1.0f;
+    __syncthreads();
+    query_gradients<K>(g, smem + L.o, den, r, valid);
+#pragma unroll
+    for (int i = 0; i < kEntries; ++i) {
+      const int e = threadIdx.x + i * NT;
+      if (e < D * DV) {
+        const int f = e / DV, c = e - f * DV;
+        float s = acc[i];
+        for (int t = 0; t < valid; ++t) s = fmaf(phi[t * D + f], g[t * DV + c], s);
+        acc[i] = s;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kZEntries; ++i) {
+      const int f = threadIdx.x + i * NT;
+      if (f < D)
+        for (int t = 0; t < valid; ++t) zacc[i] = fmaf(phi[t * D + f], r[t], zacc[i]);
+    }
+    __syncthreads();
+  }
+  float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
+#pragma unroll
+  for (int i = 0; i < kEntries; ++i) {
+    const int e = threadIdx.x + i * NT;
+    if (e < D * DV) part[e] = acc[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kZEntries; ++i) {
+    const int f = threadIdx.x + i * NT;
+    if (f < D) part[D * DV + f] = zacc[i];
+  }
+}
+
+// dq for one query tile: dphi(q) = S g + z r, then the feature map's backward.
+// Grid (query tiles, batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dq, Tr::dims());
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int seq = a.problem.seq, t0 = blockIdx.x * T, valid = min(T, seq - t0);
+  float* S = smem + L.state;
+  float* z = smem + L.z;
+  float* phi = smem + L.phi_q;
+  float* dphi = smem + L.dphi;
+  float* g = smem + L.dout;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* dparams = smem + L.dparams;
+  sum_partials<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+  load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+  __syncthreads();
+  const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
+  K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid, ctx);
+  for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? fm::dot(phi + i * D, z, D) + K::eps : 1.0f;
+  __syncthreads();
+  query_gradients<K>(g, smem + L.o, den, r, valid);
+  for (int e = threadIdx.x; e < valid * D; e += NT) {
+    const int i = e / D, f = e - i * D;
+    float s = K::normalize ? z[f] * r[i] : 0.0f;
+    for (int c = 0; c < DV; ++c) s = fmaf(S[f * DV + c], g[i * DV + c], s);
+    dphi[e] = s;
+  }
+  __syncthreads();
+  Tr::FB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                smem + L.dx, dparams);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
+  if constexpr (Tr::kLearned) write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh * gridDim.x + blockIdx.x) * Tr::kParamFloats);
+}
+
+// dk and dv for one key tile: dphi(k) = dS v + dz, dv = dS^T phi(k).
+// Grid (key tiles, batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dkv, Tr::dims());
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int seq = a.problem.seq, t0 = blockIdx.x * T, valid = min(T, seq - t0);
+  const int bh_count = a.problem.batch * a.problem.heads;
+  float* dS = smem + L.state;
+  float* dz = smem + L.z;
+  float* phi = smem + L.phi_q;  // phi(k) here
+  float* dphi = smem + L.dphi;
+  float* v = smem + L.v;
+  float* dparams = smem + L.dparams;
+  sum_partials<K>(a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dS, dz);
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+  __syncthreads();
+  const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 0,
+                           K::performer ? a.workspace[bh] : 0.0f};
+  K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid, ctx);
+  for (int e = threadIdx.x; e < valid * D; e += NT) {
+    const int j = e / D, f = e - j * D;
+    float s = dz[f];
+    for (int c = 0; c < DV; ++c) s = fmaf(dS[f * DV + c], v[j * DV + c], s);
+    dphi[e] = s;
+  }
+  typename K::T* dv_out = static_cast<typename K::T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
+  for (int e = threadIdx.x; e < valid * DV; e += NT) {
+    const int j = e / DV, c = e - j * DV;
+    float s = 0.0f;
+    for (int f = 0; f < D; ++f) s = fmaf(dS[f * DV + c], phi[j * D + f], s);
+    dv_out[(long long)(t0 + j) * a.dv.stride_seq + c] = from_float<typename K::T>(s);
+  }
+  __syncthreads();
+  Tr::FB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                smem + L.dx, dparams);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
+  if constexpr (Tr::kLearned)
+    write_slot<K>(dparams, a.workspace + w.slots +
+                               ((long long)(bh_count + bh) * gridDim.x + blockIdx.x) * Tr::kParamFloats);
+}
+
+// Causal, forward scan: dq, and each token's denominator for causal_dkv_kernel.
+// Grid (batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  float* S = smem + L.state;
+  float* z = smem + L.z;
+  float* phi_q = smem + L.phi_q;
+  float* phi_k = smem + L.phi_k;
+  float* dphi = smem + L.dphi;
+  float* v = smem + L.v;
+  float* g = smem + L.dout;
+  float* A = smem + L.scores;
+  float* B = smem + L.scores + C * C;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* dparams = smem + L.dparams;
+  for (int e = threadIdx.x; e < D * DV; e += NT) S[e] = 0.0f;
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
+  for (int t0 = 0; t0 < seq; t0 += C) {
+    const int valid = min(C, seq - t0);
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 0, key_stab});
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+    __syncthreads();
+    const FeatureContext ctx{params, t0, seq, 1, 0.0f};
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, ctx);
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      A[i * C + j] = j <= i ? fm::dot(phi_q + i * D, phi_k + j * D, D) : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < valid; i += NT) {
+      float s = 1.0f;
+      if constexpr (K::normalize) {
+        s = fm::dot(phi_q + i * D, z, D) + K::eps;
+        for (int j = 0; j <= i; ++j) s += A[i * C + j];
+        a.workspace[w.den + (long long)bh * seq + t0 + i] = s;
+      }
+      den[i] = s;
+    }
+    __syncthreads();
+    query_gradients<K>(g, smem + L.o, den, r, valid);
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      B[i * C + j] = j <= i ? fm::dot(v + j * DV, g + i * DV, DV) + r[i] : 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * D; e += NT) {
+      const int i = e / D, f = e - i * D;
+      float s = K::normalize ? z[f] * r[i] : 0.0f;
+      for (int c = 0; c < DV; ++c) s = fmaf(S[f * DV + c], g[i * DV + c], s);
+      for (int j = 0; j <= i; ++j) s = fmaf(B[i * C + j], phi_k[j * D + f], s);
+      dphi[e] = s;
+    }
+    __syncthreads();
+    // (S, z) move past this chunk; each thread owns fixed entries.
+    for (int e = threadIdx.x; e < D * DV; e += NT) {
+      const int f = e / DV, c = e - f * DV;
+      float s = S[e];
+      for (int j = 0; j < valid; ++j) s = fmaf(phi_k[j * D + f], v[j * DV + c], s);
+      S[e] = s;
+    }
+    for (int f = threadIdx.x; f < D; f += NT) {
+      float s = z[f];
+      for (int j = 0; j < valid; ++j) s += phi_k[j * D + f];
+      z[f] = s;
+    }
+    Tr::FB::template backward<NT>(smem + L.x, phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                  smem + L.dx, dparams);
+    store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
+    __syncthreads();
+  }
+  if constexpr (Tr::kLearned) write_slot<K>(dparams, a.workspace + w.slots + (long long)bh * Tr::kParamFloats);
+}
+
+// Causal, backward scan over the chunks: dk and dv. Grid (batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  const int bh_count = a.problem.batch * a.problem.heads;
+  float* dS = smem + L.state;
+  float* dz = smem + L.z;
+  float* phi_q = smem + L.phi_q;
+  float* phi_k = smem + L.phi_k;
+  float* dphi = smem + L.dphi;
+  float* v = smem + L.v;
+  float* g = smem + L.dout;
+  float* A = smem + L.scores;
+  float* B = smem + L.scores + C * C;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* dparams = smem + L.dparams;
+  for (int e = threadIdx.x; e < D * DV; e += NT) dS[e] = 0.0f;
+  for (int f = threadIdx.x; f < D; f += NT) dz[f] = 0.0f;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
+  const int chunks = (seq + C - 1) / C;
+  typename K::T* dv_out = static_cast<typename K::T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
+  for (int c_idx = chunks - 1; c_idx >= 0; --c_idx) {
+    const int t0 = c_idx * C, valid = min(C, seq - t0);
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+    for (int i = threadIdx.x; i < valid; i += NT)
+      den[i] = K::normalize ? a.workspace[w.den + (long long)bh * seq + t0 + i] : 1.0f;
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+    __syncthreads();
+    const FeatureContext ctx{params, t0, seq, 0, key_stab};
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, ctx);
+    query_gradients<K>(g, smem + L.o, den, r, valid);
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      const bool on = i >= j;
+      A[i * C + j] = on ? fm::dot(phi_q + i * D, phi_k + j * D, D) : 0.0f;
+      B[i * C + j] = on ? fm::dot(v + j * DV, g + i * DV, DV) + r[i] : 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * D; e += NT) {
+      const int j = e / D, f = e - j * D;
+      float s = dz[f];
+      for (int c = 0; c < DV; ++c) s = fmaf(dS[f * DV + c], v[j * DV + c], s);
+      for (int i = j; i < valid; ++i) s = fmaf(B[i * C + j], phi_q[i * D + f], s);
+      dphi[e] = s;
+    }
+    for (int e = threadIdx.x; e < valid * DV; e += NT) {
+      const int j = e / DV, c = e - j * DV;
+      float s = 0.0f;
+      for (int f = 0; f < D; ++f) s = fmaf(dS[f * DV + c], phi_k[j * D + f], s);
+      for (int i = j; i < valid; ++i) s = fmaf(A[i * C + j], g[i * DV + c], s);
+      dv_out[(long long)(t0 + j) * a.dv.stride_seq + c] = from_float<typename K::T>(s);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < D * DV; e += NT) {
+      const int f = e / DV, c = e - f * DV;
+      float s = dS[e];
+      for (int i = 0; i < valid; ++i) s = fmaf(phi_q[i * D + f], g[i * DV + c], s);
+      dS[e] = s;
+    }
+    for (int f = threadIdx.x; f < D; f += NT) {
+      float s = dz[f];
+      for (int i = 0; i < valid; ++i) s = fmaf(phi_q[i * D + f], r[i], s);
+      dz[f] = s;
+    }
+    Tr::FB::template backward<NT>(smem + L.x, phi_k, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                  smem + L.dx, dparams);
+    store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
+    __syncthreads();
+  }
+  if constexpr (Tr::kLearned)
+    write_slot<K>(dparams, a.workspace + w.slots + (long long)(bh_count + bh) * Tr::kParamFloats);
+}
+
+// dparams[block][p] = sum of the slots of that parameter block, in a fixed
+// order (side, batch, head, tile). Grid (ceil(param_floats / threads), blocks).
+template <class K>
+__global__ void __launch_bounds__(K::threads) param_reduce_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  if constexpr (Tr::kLearned) {
+    constexpr int PF = Tr::kParamFloats;
+    const int p = blockIdx.x * K::threads + threadIdx.x;
+    if (p >= PF) return;
+    const BackwardWorkspace w = Tr::workspace(a.problem);
+    const int heads = a.problem.heads, bh_count = a.problem.batch * heads;
+    const int tiles = K::causal ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
+    const int hb = blockIdx.y;
+    const float* slots = a.workspace + w.slots;
+    float s = 0.0f;
+    for (int side = 0; side < 2; ++side)
+      for (int b = 0; b < a.problem.batch; ++b)
+        for (int h = 0; h < heads; ++h) {
+          if (K::params_per_head && h != hb) continue;
+          const long long base = ((long long)side * bh_count + b * heads + h) * tiles;
+          for (int t = 0; t < tiles; ++t) s += slots[(base + t) * PF + p];
+        }
+    a.dparams[(long long)hb * PF + p] = s;
+  }
+}
+
+}  // namespace lunajit
