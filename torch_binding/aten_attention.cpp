@@ -1,0 +1,294 @@
+// ATen composition of docs/MATH.md (see aten_attention.h). Shapes in comments:
+// B batch, N seq, H heads, d head_dim, D feature dim, dv value dim.
+#include "torch_binding/aten_attention.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "codegen/feature_params.h"
+
+namespace lunajit::aten {
+namespace {
+
+using torch::Tensor;
+namespace F = torch::nn::functional;
+
+Tensor activation(Activation a, const Tensor& t) {
+  switch (a) {
+    case Activation::relu: return torch::relu(t);
+    case Activation::gelu: return torch::gelu(t);  // erf form, as the reference
+    case Activation::silu: return torch::silu(t);
+    case Activation::tanh: return torch::tanh(t);
+  }
+  return t;
+}
+
+Tensor output_activation(OutputActivation a, const Tensor& y) {
+  switch (a) {
+    case OutputActivation::relu: return torch::relu(y);
+    case OutputActivation::softplus: return torch::softplus(y);
+    case OutputActivation::none: return y;
+  }
+  return y;
+}
+
+// Basis l mod 8 of luna's bank_coef variant (reference/feature_map.h).
+Tensor bank_basis(int l, const Tensor& u) {
+  switch (l % 8) {
+    case 0: return torch::sin(u);
+    case 1: return torch::cos(u);
+    case 2: return torch::tanh(u);
+    case 3: return torch::sigmoid(u);
+    case 4: return torch::relu(u);
+    case 5: return torch::gelu(u);
+    case 6: return torch::softplus(u);
+    default: return torch::exp(-0.5 * u * u);
+  }
+}
+
+// [H, ...] parameter broadcast against [B, N, H, extra...]: [1, 1, H, 1.., ...].
+Tensor per_head(const Tensor& p, int inserted_after_head) {
+  std::vector<int64_t> shape{1, 1, p.size(0)};
+  for (int i = 0; i < inserted_after_head; ++i) shape.push_back(1);
+  for (int64_t i = 1; i < p.dim(); ++i) shape.push_back(p.size(i));
+  return p.reshape(shape);
+}
+
+Tensor luna_features(const Tensor& x, const Tensor& params, const AttentionSpec& spec) {
+  const LunaOptions& o = spec.luna;
+  const int64_t H = x.size(2), M = o.projections;
+  const auto dt = x.scalar_type();
+  auto p = [&](const char* name) { return param_tensor(params, spec, name, H, dt); };
+  const Tensor u = torch::einsum("bnhd,hmd->bnhm", {x, p("W")});  // (B, N, H, M)
+  Tensor psi;                                                     // (B, N, H, M, L)
+  switch (o.variant) {
+    case LunaVariant::neural: {
+      if (o.shared_channels) {
+        // (B, N, H, M, Hm): one scalar MLP 1 -> Hm -> L per projection value.
+        const Tensor t = u.unsqueeze(-1) * per_head(p("W1"), 1) + per_head(p("b1"), 1);
+        const Tensor y = torch::einsum("bnhmk,hlk->bnhml", {activation(o.activation, t), p("W2")}) + per_head(p("b2"), 1);
+        psi = output_activation(o.output_activation, y);
+      } else {
+        // (B, N, H, M, L, Hm): L independent MLPs 1 -> Hm -> 1.
+        const Tensor t = u.unsqueeze(-1).unsqueeze(-1) * per_head(p("W1"), 1) + per_head(p("b1"), 1);
+        const Tensor y = (activation(o.activation, t) * per_head(p("W2"), 1)).sum(-1) + per_head(p("b2"), 1);
+        psi = output_activation(o.output_activation, y);
+      }
+      break;
+    }
+    case LunaVariant::bank_coef: {
+      std::vector<Tensor> basis;
+      for (int l = 0; l < o.channels; ++l) basis.push_back(bank_basis(l, u));
+      psi = torch::stack(basis, -1) * per_head(p("coef"), 1);
+      break;
+    }
+    case LunaVariant::rff: psi = torch::stack({torch::cos(u), torch::sin(u)}, -1); break;
+  }
+  Tensor scale = torch::full({}, 1.0 / std::sqrt(double(M)), x.options());
+  if (o.envelope) {
+    // h(x) = sigmoid(a . x + c): (B, N, H, 1, 1)
+    const Tensor z = torch::einsum("bnhd,hd->bnh", {x, p("a")}) + p("c").reshape({1, 1, H});
+    scale = (torch::sigmoid(z) * scale).unsqueeze(-1).unsqueeze(-1);
+  }
+  const Tensor phi = psi * scale;  // i-major: index i*L + l
+  return phi.reshape({x.size(0), x.size(1), H, -1});
+}
+
+Tensor performer_features(const Tensor& x, const Tensor& params, const AttentionSpec& spec, FeatureRole role) {
+  const int64_t H = x.size(2), d = x.size(3), m = spec.performer.features;
+  const Tensor xs = x * std::pow(double(d), -0.25);  // x' = d^{-1/4} x
+  const Tensor omega = param_tensor(params, spec, "omega", H, x.scalar_type());
+  const Tensor e = torch::einsum("bnhd,hmd->bnhm", {xs, omega}) - 0.5 * (xs * xs).sum(-1, true);  // (B, N, H, m)
+  // Stop-gradient shifts: per query row; one per (batch, head) over all keys.
+  const Tensor stab = role == FeatureRole::query ? std::get<0>(e.max(-1, true)).detach()
+                                                 : e.amax({1, 3}, true).detach();
+  return torch::exp(e - stab) / std::sqrt(double(m)) + spec.performer.kernel_eps;
+}
+
+Tensor slay_features(const Tensor& x, const Tensor& params, const AttentionSpec& spec) {
+  const auto& o = spec.slay;
+  const int64_t B = x.size(0), N = x.size(1), H = x.size(2);
+  const auto dt = x.scalar_type();
+  auto p = [&](const char* name) { return param_tensor(params, spec, name, H, dt); };
+  const Tensor u = x / x.norm(2, -1, true);                                   // (B, N, H, d)
+  const Tensor adot = torch::einsum("bnhd,hpd->bnhp", {u, p("anchors")});    // (B, N, H, P)
+  const Tensor anc = adot * adot / std::sqrt(double(o.anchors));
+  const Tensor proj = torch::einsum("bnhd,hrjd->bnhrj", {u, p("omega")});    // (B, N, H, R, M)
+  const Tensor s = per_head(p("nodes"), 0).unsqueeze(-1);                     // (1, 1, H, R, 1)
+  const Tensor w = per_head(p("weights"), 0);                                 // (1, 1, H, R)
+  const Tensor prf = torch::exp(torch::sqrt(2 * s) * proj - s) / std::sqrt(double(o.prf_features));
+  // (B, N, H, R, P, M), index r*P*M + p*M + j
+  const Tensor phi = torch::sqrt(w).unsqueeze(-1).unsqueeze(-1) * anc.unsqueeze(3).unsqueeze(-1) * prf.unsqueeze(4);
+  return phi.reshape({B, N, H, -1});
+}
+
+// Applies the causal mask (keep j <= i) to the last two dims.
+Tensor lower_triangle(const Tensor& a) { return torch::tril(a); }
+
+}  // namespace
+
+torch::ScalarType compute_dtype(torch::ScalarType input) {
+  return input == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+torch::Tensor param_tensor(const torch::Tensor& params, const AttentionSpec& spec, const std::string& name,
+                           int64_t heads, torch::ScalarType dtype) {
+  const ParamLayout layout = param_layout(spec);
+  const ParamTensor* t = layout.find(name);
+  TORCH_CHECK(t != nullptr, "feature_params: family ", std::string(to_string(spec.family)), " has no tensor '", name,
+              "'");
+  const int64_t blocks = spec.params_per_head ? heads : 1;
+  std::vector<int64_t> shape{blocks};
+  for (int s : t->shape) shape.push_back(s);
+  Tensor v = params.view({blocks, layout.per_head_floats}).narrow(1, t->offset, t->numel()).reshape(shape);
+  if (!t->learned) v = v.detach();
+  v = v.to(dtype);
+  if (blocks != heads) {
+    shape[0] = heads;
+    v = v.expand(shape);
+  }
+  return v;
+}
+
+torch::Tensor feature_map(const torch::Tensor& x_in, const torch::Tensor& params, const AttentionSpec& spec,
+                          FeatureRole role) {
+  const Tensor x = x_in.to(compute_dtype(x_in.scalar_type()));
+  const int64_t H = x.size(2), d = x.size(3);
+  switch (spec.family) {
+    case Family::luna: return luna_features(x, params, spec);
+    case Family::performer: return performer_features(x, params, spec, role);
+    case Family::rff: {
+      const Tensor w = torch::einsum("bnhd,hmd->bnhm", {x, param_tensor(params, spec, "omega", H, x.scalar_type())});
+      return torch::cat({torch::cos(w), torch::sin(w)}, -1) / std::sqrt(double(spec.rff.features));
+    }
+    case Family::elu: return torch::elu(x) + 1;
+    case Family::relu: return torch::relu(x);
+    case Family::t2r:
+    case Family::hedgehog: {
+      const Tensor W = param_tensor(params, spec, "W", H, x.scalar_type());
+      const Tensor b = param_tensor(params, spec, "b", H, x.scalar_type());
+      const Tensor y = torch::einsum("bnhd,hfd->bnhf", {x, W}) + per_head(b, 0);
+      if (spec.family == Family::t2r) return torch::relu(y);
+      return torch::cat({torch::softmax(y, -1), torch::softmax(-y, -1)}, -1);
+    }
+    case Family::cosformer: {
+      // Angles pi t / (2N) of the 1-based positions t = 1..N.
+      const int64_t N = x.size(1);
+      const Tensor t = torch::arange(1, N + 1, x.options()).reshape({1, N, 1, 1});
+      const Tensor angle = t * (std::numbers::pi / (2.0 * double(N)));
+      const Tensor r = torch::relu(x);
+      return torch::cat({r * torch::sin(angle), r * torch::cos(angle)}, -1);
+    }
+    case Family::slay: return slay_features(x, params, spec);
+  }
+  TORCH_CHECK(false, "feature_map: unknown family");
+  (void)d;
+  return {};
+}
+
+torch::Tensor linear_attention_from_features(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
+                                             const torch::Tensor& v_in, bool causal, bool normalize, double eps,
+                                             int64_t chunk) {
+  const Tensor pq = phi_q.permute({0, 2, 1, 3});  // (B, H, N, D)
+  const Tensor pk = phi_k.permute({0, 2, 1, 3});
+  const Tensor v = v_in.to(phi_q.scalar_type()).permute({0, 2, 1, 3});  // (B, H, N, dv)
+  const int64_t B = pq.size(0), H = pq.size(1), N = pq.size(2), D = pq.size(3), dv = v.size(3);
+  Tensor out;
+  if (!causal) {
+    const Tensor S = torch::matmul(pk.transpose(-1, -2), v);  // (B, H, D, dv)
+    out = torch::matmul(pq, S);                               // (B, H, N, dv)
+    if (normalize) {
+      const Tensor z = pk.sum(2).unsqueeze(-1);  // (B, H, D, 1)
+      out = out / (torch::matmul(pq, z) + eps);
+    }
+  } else {
+    const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
+    const int64_t nc = (N + C - 1) / C, pad = nc * C - N;
+    // Zero rows past N contribute nothing to states; their outputs are cut off.
+    auto chunks = [&](const Tensor& t) {
+      const Tensor padded = pad ? torch::constant_pad_nd(t, {0, 0, 0, pad}) : t;
+      return padded.reshape({B, H, nc, C, t.size(3)});
+    };
+    const Tensor qc = chunks(pq), kc = chunks(pk), vc = chunks(v);  // (B, H, nc, C, *)
+    const Tensor A = lower_triangle(torch::matmul(qc, kc.transpose(-1, -2)));  // (B, H, nc, C, C)
+    const Tensor kv = torch::matmul(kc.transpose(-1, -2), vc);                  // (B, H, nc, D, dv)
+    // Exclusive prefix sum over chunks: S_<c (a shifted cumsum, no cancellation).
+    auto exclusive = [&](const Tensor& t) {
+      if (nc == 1) return torch::zeros_like(t);
+      return torch::cat({torch::zeros_like(t.narrow(2, 0, 1)), t.cumsum(2).narrow(2, 0, nc - 1)}, 2);
+    };
+    Tensor num = torch::matmul(A, vc) + torch::matmul(qc, exclusive(kv));  // (B, H, nc, C, dv)
+    if (normalize) {
+      const Tensor z = kc.sum(3).unsqueeze(-1);  // (B, H, nc, D, 1)
+      const Tensor den = A.sum(-1, true) + torch::matmul(qc, exclusive(z)) + eps;
+      num = num / den;
+    }
+    out = num.reshape({B, H, nc * C, dv}).narrow(2, 0, N);
+  }
+  (void)D;
+  return out.permute({0, 2, 1, 3});  // (B, N, H, dv)
+}
+
+torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk) {
+  const Tensor phi_q = feature_map(q, params, spec, FeatureRole::query);
+  const Tensor phi_k = feature_map(k, params, spec, FeatureRole::key);
+  return linear_attention_from_features(phi_q, phi_k, v, spec.causal, spec.normalize, spec.eps, chunk);
+}
+
+torch::Tensor linear_attention_weights(const torch::Tensor& phi_q, const torch::Tensor& phi_k, bool causal,
+                                       bool normalize, double eps) {
+  Tensor A = torch::matmul(phi_q.permute({0, 2, 1, 3}), phi_k.permute({0, 2, 3, 1}));  // (B, H, N, N)
+  if (causal) A = lower_triangle(A);
+  if (normalize) A = A / (A.sum(-1, true) + eps);
+  return A;
+}
+
+std::string_view to_string(QuadraticKind k) {
+  switch (k) {
+    case QuadraticKind::softmax: return "softmax";
+    case QuadraticKind::yat: return "yat";
+    case QuadraticKind::spherical_yat: return "spherical_yat";
+  }
+  return "?";
+}
+
+std::optional<QuadraticKind> parse_quadratic_kind(std::string_view s) {
+  if (s == "softmax") return QuadraticKind::softmax;
+  if (s == "yat") return QuadraticKind::yat;
+  if (s == "spherical_yat" || s == "spherical-yat") return QuadraticKind::spherical_yat;
+  return std::nullopt;
+}
+
+torch::Tensor quadratic_weights(const torch::Tensor& q_in, const torch::Tensor& k_in, const QuadraticOptions& o) {
+  const auto dt = compute_dtype(q_in.scalar_type());
+  const Tensor q = q_in.to(dt).permute({0, 2, 1, 3});  // (B, H, Nq, d)
+  const Tensor k = k_in.to(dt).permute({0, 2, 1, 3});  // (B, H, Nk, d)
+  const int64_t d = q.size(3), Nq = q.size(2), Nk = k.size(2);
+  const Tensor mask = o.causal ? torch::ones({Nq, Nk}, q.options().dtype(torch::kBool)).tril() : Tensor();
+  if (o.kind == QuadraticKind::softmax) {
+    Tensor logits = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(d));
+    if (o.causal) logits = logits.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+    return torch::softmax(logits, -1);
+  }
+  Tensor K;
+  if (o.kind == QuadraticKind::yat) {
+    const Tensor qk = torch::matmul(q, k.transpose(-1, -2));
+    // |q - k|^2 = |q|^2 + |k|^2 - 2 q.k, clamped at 0 against rounding.
+    const Tensor dist = ((q * q).sum(-1, true) + (k * k).sum(-1).unsqueeze(-2) - 2 * qk).clamp_min(0);
+    K = qk * qk / (dist + o.eps);
+  } else {
+    const Tensor x = torch::matmul(q / q.norm(2, -1, true), (k / k.norm(2, -1, true)).transpose(-1, -2));
+    K = x * x / (2.0 + o.eps_yat - 2.0 * x);
+  }
+  if (o.causal) K = K * mask.to(dt);
+  return K / K.sum(-1, true);
+}
+
+torch::Tensor quadratic_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const QuadraticOptions& opts) {
+  const Tensor w = quadratic_weights(q, k, opts);  // (B, H, Nq, Nk)
+  return torch::matmul(w, v.to(w.scalar_type()).permute({0, 2, 1, 3})).permute({0, 2, 1, 3});
+}
+
+}  // namespace lunajit::aten

@@ -1,0 +1,84 @@
+// lunajit::linear_attention: the autograd op that puts lunajit's linear
+// attention (docs/MATH.md) into LibTorch models.
+//
+//   q, k            [batch, seq, heads, head_dim]
+//   v               [batch, seq, heads, value_dim]
+//   feature_params  1-D fp32 [param_layout(spec).total_floats(spec, heads)], the
+//                   flat layout of codegen/feature_params.h (init_feature_params);
+//                   an empty tensor for elu, relu and cosformer
+//   result          [batch, seq, heads, value_dim]
+//
+// Strides of batch, seq and heads are arbitrary (slices of a fused QKV projection
+// work without a copy); the last (feature) dim must have unit stride.
+//
+// Paths (LinearAttentionOptions::path):
+//   aten          ATen composition of MATH.md (torch_binding/aten_attention.h),
+//                 any device, any floating dtype (fp16/bf16 inputs computed in
+//                 fp32, fp64 in fp64); gradients by LibTorch autograd.
+//   host_kernels  CPU tensors through the generated kernels on the host
+//                 emulation backend (AttentionRunner). Forward only so far: the
+//                 backward kernels (Pass::backward) are not wired in yet, so the
+//                 gradient is computed by recomputing the forward with the ATen
+//                 path (see kernel_backward in linear_attention.cpp, the seam
+//                 where AttentionRunner::backward plugs in).
+//   cuda_kernels  CUDA tensors through the NVRTC-compiled kernels on the
+//                 tensor's device; compiled only when LibTorch has CUDA
+//                 (LUNAJIT_TORCH_CUDA). Same gradient fallback as host_kernels.
+//   automatic     cuda_kernels for CUDA tensors (when compiled in), else aten.
+// Kernel paths need the tensors in spec.dtype and fp32 params.
+#pragma once
+
+#include <optional>
+
+#include <torch/torch.h>
+
+#include "codegen/attention_spec.h"
+#include "codegen/tile_config.h"
+#include "torch_binding/aten_attention.h"
+
+namespace lunajit {
+
+enum class AttentionPath { automatic, aten, host_kernels, cuda_kernels };
+std::string_view to_string(AttentionPath p);
+
+struct LinearAttentionOptions {
+  AttentionPath path = AttentionPath::automatic;
+  // ATen path: causal chunk size C (intra-chunk C x C products, states every C tokens).
+  int64_t chunk = 64;
+  // Reject q, k, v holding NaN or Inf: one reduction per tensor and, on a GPU, a
+  // device synchronization, so off by default.
+  bool check_finite = false;
+  // Kernel paths: the tile config; unset = default_config(spec, arch) (see the
+  // note on tuning in linear_attention.cpp).
+  std::optional<TileConfig> config;
+};
+
+// The op (see the file comment). Differentiable in q, k, v and feature_params.
+torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& feature_params, const AttentionSpec& spec,
+                               const LinearAttentionOptions& options = {});
+
+// phi(x) of spec for x [batch, seq, heads, head_dim] -> [batch, seq, heads, D]
+// (ATen, differentiable), with the same input checks as linear_attention.
+torch::Tensor feature_map(const torch::Tensor& x, const torch::Tensor& feature_params, const AttentionSpec& spec,
+                          aten::FeatureRole role = aten::FeatureRole::query);
+
+// codegen's init_params(spec, heads, seed) as a 1-D fp32 CPU tensor.
+torch::Tensor init_feature_params(const AttentionSpec& spec, int64_t heads, uint64_t seed = 0);
+
+// The TORCH_CHECKs linear_attention makes, each message naming the argument:
+// spec valid; q, k, v 4-D with matching batch/seq/heads and spec's dims;
+// floating dtypes alike (spec.dtype on kernel paths); one device; unit stride in
+// the last dim; feature_params 1-D, contiguous, of the size the spec implies;
+// optionally finite values.
+void check_linear_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& feature_params, const AttentionSpec& spec,
+                                   AttentionPath path, bool check_finite);
+
+// The path `options.path` resolves to for tensors on `device`.
+AttentionPath resolve_path(AttentionPath requested, const torch::Device& device);
+
+// Whether this build can run the CUDA kernel path (LibTorch with CUDA and a GPU present).
+bool cuda_kernels_available();
+
+}  // namespace lunajit

@@ -1,0 +1,214 @@
+// Modules of torch_binding/modules.h.
+#include "torch_binding/modules.h"
+
+#include <nlohmann/json.hpp>
+
+#include "codegen/feature_params.h"
+
+namespace lunajit::nn {
+namespace {
+
+using torch::Tensor;
+
+AttentionSpec spec_or_throw(Result<AttentionSpec> r, const char* what) {
+  TORCH_CHECK(r.ok(), what, ": ", r.ok() ? "" : r.error().message);
+  return std::move(r).value();
+}
+
+AttentionSpec family_spec(Family family, int64_t head_dim, bool params_per_head, const nlohmann::json& sub) {
+  nlohmann::json j{{"family", std::string(to_string(family))}, {"head_dim", head_dim}, {"value_dim", head_dim},
+                   {"dtype", "fp32"}, {"params_per_head", params_per_head}};
+  if (!sub.is_null()) j[std::string(to_string(family))] = sub;
+  return spec_or_throw(spec_from_json(j), "feature map spec");
+}
+
+}  // namespace
+
+// ---- FeatureMap ------------------------------------------------------------
+
+FeatureMapImpl::FeatureMapImpl(const AttentionSpec& spec, int64_t heads, uint64_t seed)
+    : spec_(spec), heads_(heads) {
+  const Status valid = validate(spec);
+  TORCH_CHECK(valid.ok(), "FeatureMap: spec: ", valid.ok() ? "" : valid.error().message);
+  TORCH_CHECK(heads >= 1, "FeatureMap: heads must be >= 1, got ", heads);
+  const ParamLayout layout = param_layout(spec);
+  for (const auto& t : layout.tensors) learned_ = learned_ || t.learned;
+  Tensor init = init_feature_params(spec, heads, seed);
+  if (init.numel() == 0) return;
+  params = learned_ ? register_parameter("params", init) : register_buffer("params", init);
+}
+
+Tensor FeatureMapImpl::forward(const Tensor& x, aten::FeatureRole role) {
+  TORCH_CHECK(x.dim() == 4 && x.size(2) == heads_, "FeatureMap: x must be [batch, seq, ", heads_, ", ",
+              spec_.head_dim, "], got ", x.sizes());
+  return lunajit::feature_map(x, params, spec_, role);
+}
+
+Tensor FeatureMapImpl::tensor(const std::string& name) const {
+  TORCH_CHECK(params.defined(), "FeatureMap: family ", std::string(to_string(spec_.family)), " has no parameters");
+  return aten::param_tensor(params, spec_, name, heads_, params.scalar_type());
+}
+
+FeatureMap luna_feature_map(int64_t head_dim, int64_t heads, const LunaOptions& o, bool params_per_head,
+                            uint64_t seed) {
+  const nlohmann::json sub{{"projections", o.projections}, {"channels", o.channels}, {"mlp_width", o.mlp_width},
+                           {"activation", std::string(to_string(o.activation))},
+                           {"output_activation", std::string(to_string(o.output_activation))},
+                           {"shared_channels", o.shared_channels}, {"envelope", o.envelope},
+                           {"variant", std::string(to_string(o.variant))}};
+  return FeatureMap(family_spec(Family::luna, head_dim, params_per_head, sub), heads, seed);
+}
+
+FeatureMap t2r_feature_map(int64_t head_dim, int64_t heads, int64_t features, bool params_per_head, uint64_t seed) {
+  const nlohmann::json sub = features ? nlohmann::json{{"features", features}} : nlohmann::json();
+  return FeatureMap(family_spec(Family::t2r, head_dim, params_per_head, sub), heads, seed);
+}
+
+FeatureMap hedgehog_feature_map(int64_t head_dim, int64_t heads, int64_t features, bool params_per_head,
+                                uint64_t seed) {
+  const nlohmann::json sub = features ? nlohmann::json{{"features", features}} : nlohmann::json();
+  return FeatureMap(family_spec(Family::hedgehog, head_dim, params_per_head, sub), heads, seed);
+}
+
+// ---- cores -----------------------------------------------------------------
+
+LinearAttentionImpl::LinearAttentionImpl(const AttentionSpec& spec, int64_t heads, LinearAttentionOptions options,
+                                         uint64_t seed)
+    : feature_map(register_module("feature_map", FeatureMap(spec, heads, seed))), spec_(spec), options_(options) {}
+
+Tensor LinearAttentionImpl::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return linear_attention(q, k, v, feature_map->params, spec_, options_);
+}
+
+Tensor LinearAttentionImpl::weights(const Tensor& q, const Tensor& k) {
+  const Tensor phi_q = feature_map->forward(q, aten::FeatureRole::query);
+  const Tensor phi_k = feature_map->forward(k, aten::FeatureRole::key);
+  return aten::linear_attention_weights(phi_q, phi_k, spec_.causal, spec_.normalize, spec_.eps);
+}
+
+QuadraticAttentionImpl::QuadraticAttentionImpl(aten::QuadraticOptions options) : options_(options) {}
+
+Tensor QuadraticAttentionImpl::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "QuadraticAttention: q, k, v must be 4-D [batch, seq, "
+              "heads, dim]");
+  TORCH_CHECK(q.size(3) == k.size(3), "QuadraticAttention: q and k must have the same head dim");
+  return aten::quadratic_attention(q, k, v, options_).to(q.scalar_type());
+}
+
+Tensor QuadraticAttentionImpl::weights(const Tensor& q, const Tensor& k) {
+  return aten::quadratic_weights(q, k, options_);
+}
+
+// ---- multi-head ------------------------------------------------------------
+
+MultiheadAttentionBaseImpl::MultiheadAttentionBaseImpl(const MultiheadOptions& o,
+                                                       std::shared_ptr<AttentionCoreImpl> core)
+    : options_(o), core_(std::move(core)) {
+  TORCH_CHECK(o.num_heads >= 1 && o.embed_dim % o.num_heads == 0, "MultiheadAttention: embed_dim (", o.embed_dim,
+              ") must be a multiple of num_heads (", o.num_heads, ")");
+  const auto linear = [&](const char* name) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim, o.embed_dim).bias(o.bias)));
+  };
+  q_proj = linear("q_proj");
+  k_proj = linear("k_proj");
+  v_proj = linear("v_proj");
+  out_proj = linear("out_proj");
+  if (o.dwc) {
+    TORCH_CHECK(o.dwc_kernel >= 1, "MultiheadAttention: dwc_kernel must be >= 1");
+    dwc = register_module("dwc", torch::nn::Conv1d(torch::nn::Conv1dOptions(o.embed_dim, o.embed_dim, o.dwc_kernel)
+                                                       .groups(o.embed_dim)
+                                                       .bias(false)));
+  }
+  register_module("core", core_);
+}
+
+std::tuple<Tensor, Tensor> MultiheadAttentionBaseImpl::forward(const Tensor& query, const Tensor& key,
+                                                               const Tensor& value, const Tensor& key_padding_mask,
+                                                               bool need_weights, const Tensor& attn_mask,
+                                                               bool average_attn_weights) {
+  const auto& o = options_;
+  TORCH_CHECK(!key_padding_mask.defined(), "MultiheadAttention: key_padding_mask is not supported (linear attention "
+              "has no per-pair mask); pad with zeros or pack sequences");
+  TORCH_CHECK(!attn_mask.defined(), "MultiheadAttention: attn_mask is not supported; causality is the core's "
+              "causal flag (spec.causal)");
+  for (const auto* t : {&query, &key, &value})
+    TORCH_CHECK(t->dim() == 3 && t->size(2) == o.embed_dim, "MultiheadAttention: query, key and value must be [",
+                o.batch_first ? "batch, seq" : "seq, batch", ", ", o.embed_dim, "], got ", t->sizes());
+  TORCH_CHECK(query.sizes() == key.sizes() && key.sizes() == value.sizes(),
+              "MultiheadAttention: query, key and value must have the same shape, got ", query.sizes(), ", ",
+              key.sizes(), ", ", value.sizes());
+  const int64_t H = o.num_heads, hd = o.embed_dim / H;
+  // (B, N, E): the op's [batch, seq, heads, dim] is a view of it.
+  auto batch_major = [&](const Tensor& t) { return o.batch_first ? t : t.transpose(0, 1); };
+  const Tensor qp = batch_major(q_proj->forward(query));
+  const Tensor kp = batch_major(k_proj->forward(key));
+  const Tensor vp = batch_major(v_proj->forward(value));
+  const int64_t B = qp.size(0), N = qp.size(1);
+  auto heads = [&](const Tensor& t) { return t.reshape({B, N, H, hd}); };
+  Tensor attn = core_->forward(heads(qp), heads(kp), heads(vp)).reshape({B, N, o.embed_dim});
+  if (dwc) {
+    // Depthwise conv over the sequence of each V channel; causal pads on the left only.
+    const int64_t kw = o.dwc_kernel;
+    const Tensor vc = vp.transpose(1, 2);  // (B, E, N)
+    const Tensor padded = core_->causal() ? torch::constant_pad_nd(vc, {kw - 1, 0})
+                                          : torch::constant_pad_nd(vc, {(kw - 1) / 2, kw / 2});
+    attn = attn + dwc->forward(padded).transpose(1, 2);
+  }
+  Tensor out = out_proj->forward(attn);
+  if (!o.batch_first) out = out.transpose(0, 1);
+  Tensor w;
+  if (need_weights) {
+    w = core_->weights(heads(qp), heads(kp));  // (B, H, N, N)
+    if (average_attn_weights) w = w.mean(1);
+  }
+  return {out, w};
+}
+
+MultiheadLinearAttentionImpl::MultiheadLinearAttentionImpl(const MultiheadOptions& options, const AttentionSpec& spec,
+                                                           LinearAttentionOptions op_options, uint64_t seed)
+    : MultiheadAttentionBaseImpl(options, std::make_shared<LinearAttentionImpl>(spec, options.num_heads, op_options,
+                                                                                seed)) {
+  TORCH_CHECK(options.num_heads >= 1 && spec.head_dim * options.num_heads == options.embed_dim &&
+                  spec.value_dim == spec.head_dim,
+              "MultiheadLinearAttention: spec head_dim (", spec.head_dim, ") and value_dim (", spec.value_dim,
+              ") must both be embed_dim / num_heads = ", options.embed_dim, " / ", options.num_heads);
+  linear_ = LinearAttention(std::static_pointer_cast<LinearAttentionImpl>(core()));
+}
+
+MultiheadQuadraticAttentionImpl::MultiheadQuadraticAttentionImpl(const MultiheadOptions& options,
+                                                                 aten::QuadraticOptions quadratic)
+    : MultiheadAttentionBaseImpl(options, std::make_shared<QuadraticAttentionImpl>(quadratic)) {}
+
+std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const AttentionSpec& spec,
+                                                                     const MultiheadOptions& options,
+                                                                     LinearAttentionOptions op_options,
+                                                                     uint64_t seed) {
+  return std::make_shared<MultiheadLinearAttentionImpl>(options, spec, op_options, seed);
+}
+
+std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const std::string& kind,
+                                                                     const MultiheadOptions& options, bool causal,
+                                                                     LinearAttentionOptions op_options,
+                                                                     uint64_t seed) {
+  if (auto q = aten::parse_quadratic_kind(kind)) {
+    aten::QuadraticOptions qo;
+    qo.kind = *q;
+    qo.causal = causal;
+    return std::make_shared<MultiheadQuadraticAttentionImpl>(options, qo);
+  }
+  AttentionSpec spec;
+  if (parse_family(kind).ok()) {
+    TORCH_CHECK(options.num_heads >= 1 && options.embed_dim % options.num_heads == 0,
+                "make_multihead_attention: embed_dim must be a multiple of num_heads");
+    const int64_t hd = options.embed_dim / options.num_heads;
+    spec = spec_or_throw(spec_from_json(nlohmann::json{{"family", kind}, {"head_dim", hd}, {"value_dim", hd},
+                                                        {"causal", causal}, {"dtype", "fp32"}}),
+                         "make_multihead_attention");
+  } else {
+    spec = spec_or_throw(load_spec(kind), "make_multihead_attention: not softmax/yat/spherical_yat, a family "
+                                          "name, nor a readable spec");
+  }
+  return make_multihead_attention(spec, options, op_options, seed);
+}
+
+}  // namespace lunajit::nn

@@ -1,0 +1,186 @@
+// LibTorch modules over lunajit::linear_attention:
+//
+//   FeatureMap                the feature map of a spec with its parameters in the
+//                             flat layout of codegen/feature_params.h (one tensor
+//                             `params`, initialised by init_params): a trainable
+//                             Parameter for learned families (luna, t2r, hedgehog),
+//                             a buffer for fixed ones (performer, rff, slay) and
+//                             nothing for elu, relu, cosformer. Kernels read the
+//                             very same tensor, so module and kernels agree.
+//   LinearAttention           the attention core on [batch, seq, heads, dim] heads
+//                             of one spec (a FeatureMap + the op).
+//   QuadraticAttention        softmax / yat / spherical-yat cores with the same
+//                             interface: teachers and baselines.
+//   MultiheadLinearAttention  q/k/v/out projections, heads, causal flag, optional
+//                             depthwise convolution of V (MATH.md §3) around a
+//                             core; forward() has torch::nn::MultiheadAttention's
+//                             signature and [seq, batch, embed] layout (or
+//                             batch_first), so it drops in where that one is used.
+//   MultiheadQuadraticAttention  the same around a quadratic core.
+//   make_multihead_attention  a factory from a spec, a family name or a
+//                             quadratic kind.
+//
+// Saving: torch::save(module, path) stores parameters and buffers; torch::load
+// needs a module constructed with the same spec and options (the spec is not
+// stored; keep its JSON beside the checkpoint, canonical_json(spec)).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "codegen/attention_spec.h"
+#include "torch_binding/aten_attention.h"
+#include "torch_binding/linear_attention.h"
+
+namespace lunajit::nn {
+
+class FeatureMapImpl : public torch::nn::Module {
+ public:
+  // Parameters for `heads` heads (one shared block when !spec.params_per_head),
+  // initialised by init_params(spec, heads, seed).
+  FeatureMapImpl(const AttentionSpec& spec, int64_t heads, uint64_t seed = 0);
+
+  // phi(x) for x [batch, seq, heads, head_dim] -> [batch, seq, heads, D] (ATen).
+  torch::Tensor forward(const torch::Tensor& x, aten::FeatureRole role = aten::FeatureRole::query);
+
+  // Tensor `name` of the layout as [heads, shape...] (a view; see aten::param_tensor).
+  torch::Tensor tensor(const std::string& name) const;
+
+  const AttentionSpec& spec() const { return spec_; }
+  int64_t heads() const { return heads_; }
+  // Whether `params` is a trainable Parameter (the family has learned tensors).
+  bool learned() const { return learned_; }
+
+  // The flat buffer; an empty tensor for parameter-free families.
+  torch::Tensor params;
+
+ private:
+  AttentionSpec spec_;
+  int64_t heads_;
+  bool learned_ = false;
+};
+TORCH_MODULE(FeatureMap);
+
+// FeatureMap constructors of the learned families, for readers who think in
+// families rather than specs (each builds the spec and calls FeatureMap).
+FeatureMap luna_feature_map(int64_t head_dim, int64_t heads, const LunaOptions& options = {},
+                            bool params_per_head = true, uint64_t seed = 0);
+FeatureMap t2r_feature_map(int64_t head_dim, int64_t heads, int64_t features = 0, bool params_per_head = true,
+                           uint64_t seed = 0);
+FeatureMap hedgehog_feature_map(int64_t head_dim, int64_t heads, int64_t features = 0, bool params_per_head = true,
+                                uint64_t seed = 0);
+
+// The core of an attention layer: per-head q, k [batch, seq, heads, d] and v
+// [batch, seq, heads, dv] -> [batch, seq, heads, dv].
+class AttentionCoreImpl : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) = 0;
+  // The row-normalized (linear: as normalized by the spec) weights [batch, heads, seq_q, seq_k].
+  virtual torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k) = 0;
+  virtual bool causal() const = 0;
+};
+
+class LinearAttentionImpl : public AttentionCoreImpl {
+ public:
+  LinearAttentionImpl(const AttentionSpec& spec, int64_t heads, LinearAttentionOptions options = {},
+                      uint64_t seed = 0);
+  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) override;
+  torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k) override;
+  bool causal() const override { return spec_.causal; }
+
+  const AttentionSpec& spec() const { return spec_; }
+  LinearAttentionOptions& options() { return options_; }
+  FeatureMap feature_map;
+
+ private:
+  AttentionSpec spec_;
+  LinearAttentionOptions options_;
+};
+TORCH_MODULE(LinearAttention);
+
+class QuadraticAttentionImpl : public AttentionCoreImpl {
+ public:
+  explicit QuadraticAttentionImpl(aten::QuadraticOptions options);
+  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) override;
+  torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k) override;
+  bool causal() const override { return options_.causal; }
+  const aten::QuadraticOptions& options() const { return options_; }
+
+ private:
+  aten::QuadraticOptions options_;
+};
+TORCH_MODULE(QuadraticAttention);
+
+struct MultiheadOptions {
+  int64_t embed_dim = 256;
+  int64_t num_heads = 4;
+  bool bias = true;           // of the four projections
+  bool dwc = false;           // o += depthwise conv (kernel dwc_kernel) of the projected V
+  int64_t dwc_kernel = 5;
+  bool batch_first = false;   // [batch, seq, embed] instead of torch's [seq, batch, embed]
+};
+
+// Projections, heads and DWC around any core. forward() follows
+// torch::nn::MultiheadAttention: (attn_output, attn_weights), weights averaged
+// over heads [batch, seq_q, seq_k] (or [batch, heads, seq_q, seq_k]) when
+// need_weights, else an undefined tensor. Masks: causality comes from the core;
+// key_padding_mask and attn_mask are rejected (linear attention has no
+// per-pair mask), and query/key/value must have the same sequence length.
+class MultiheadAttentionBaseImpl : public torch::nn::Module {
+ public:
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& query, const torch::Tensor& key,
+                                                   const torch::Tensor& value,
+                                                   const torch::Tensor& key_padding_mask = {},
+                                                   bool need_weights = true, const torch::Tensor& attn_mask = {},
+                                                   bool average_attn_weights = true);
+  const MultiheadOptions& options() const { return options_; }
+  std::shared_ptr<AttentionCoreImpl> core() const { return core_; }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Conv1d dwc{nullptr};
+
+ protected:
+  MultiheadAttentionBaseImpl(const MultiheadOptions& options, std::shared_ptr<AttentionCoreImpl> core);
+
+ private:
+  MultiheadOptions options_;
+  std::shared_ptr<AttentionCoreImpl> core_;
+};
+
+class MultiheadLinearAttentionImpl : public MultiheadAttentionBaseImpl {
+ public:
+  // spec.head_dim and spec.value_dim must be embed_dim / num_heads.
+  MultiheadLinearAttentionImpl(const MultiheadOptions& options, const AttentionSpec& spec,
+                               LinearAttentionOptions op_options = {}, uint64_t seed = 0);
+  LinearAttention linear() const { return linear_; }
+
+ private:
+  LinearAttention linear_{nullptr};
+};
+TORCH_MODULE(MultiheadLinearAttention);
+
+class MultiheadQuadraticAttentionImpl : public MultiheadAttentionBaseImpl {
+ public:
+  MultiheadQuadraticAttentionImpl(const MultiheadOptions& options, aten::QuadraticOptions quadratic);
+};
+TORCH_MODULE(MultiheadQuadraticAttention);
+
+// A multi-head attention from a spec (its head_dim/value_dim must be
+// embed_dim / num_heads).
+std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const AttentionSpec& spec,
+                                                                     const MultiheadOptions& options,
+                                                                     LinearAttentionOptions op_options = {},
+                                                                     uint64_t seed = 0);
+// From text: "softmax", "yat", "spherical_yat" (quadratic), a family name
+// ("luna", "performer", ...: its default spec with head_dim = value_dim =
+// embed_dim / num_heads, dtype fp32), or spec JSON / a spec file. `causal`
+// applies to the quadratic kinds and family names; a spec carries its own.
+std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const std::string& kind,
+                                                                     const MultiheadOptions& options,
+                                                                     bool causal = false,
+                                                                     LinearAttentionOptions op_options = {},
+                                                                     uint64_t seed = 0);
+
+}  // namespace lunajit::nn
