@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/report_command.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
 #include "codegen/launch_plan.h"
@@ -243,6 +244,7 @@ int cmd_demo() {
                 rep->pass ? "PASS" : "FAIL");
     if (!rep->pass) status = 1;
   }
+  if (const int rc = write_demo_report(); rc != 0) return rc;
   return status;
 }
 
@@ -289,6 +291,9 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
   run_cmd->add_flag("--json", as_json, "machine-readable output");
 
+  ReportArgs report_args;
+  const ReportCommand report_cmd = add_report_command(app, report_args);
+
   auto* demo_cmd = app.add_subcommand("demo", "the main job on its defaults: generate, compile, validate");
 
   try {
@@ -303,6 +308,7 @@ int main(int argc, char** argv) {
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
     if (*run_cmd) return cmd_run(run_args, run, as_json);
     if (*demo_cmd) return cmd_demo();
+    if (*report_cmd.report) return run_report_command(report_cmd, report_args, as_json);
   } catch (const LunajitError& e) {
     return fail(e.error());
   } catch (const std::exception& e) {

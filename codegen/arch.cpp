@@ -49,6 +49,7 @@ Result<Arch> arch_from_sm(int sm) {
     a.max_smem_per_sm = r.smem_sm;
     a.max_threads_per_sm = r.threads_sm;
     a.max_blocks_per_sm = r.blocks_sm;
+    a.smem_reserved_per_block = sm >= 80 ? 1024 : 0;
     return a;
   }
   std::string allowed;

@@ -23,7 +23,19 @@ struct Arch {
   int registers_per_sm = 65536;
   int max_registers_per_thread = 255;
   int max_blocks_per_sm = 32;
+  // Allocation rules of the occupancy calculation (CUDA Occupancy Calculator /
+  // cuda_occupancy.h; CUDA C Best Practices Guide, "Occupancy"): registers are
+  // allocated per warp in units of 256, from 4 register-file sub-partitions;
+  // shared memory in units of 128 bytes, with 1 KiB reserved per block by the
+  // system on sm_80 and later (CUDA C Programming Guide, "Shared Memory" of
+  // compute capability 8.x/9.x/10.x/12.x).
+  int register_alloc_unit = 256;       // registers per warp allocation unit
+  int register_sub_partitions = 4;
+  int max_registers_per_block = 65536;
+  int smem_alloc_unit = 128;           // bytes
+  int smem_reserved_per_block = 0;     // bytes; 1024 on sm_80+
 
+  int max_warps_per_sm() const { return max_threads_per_sm / 32; }
   std::string name() const;  // "sm_90"
 };
 

@@ -1,0 +1,288 @@
+#include "report/kernel_report.h"
+
+#include <charconv>
+#include <ctime>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "codegen/generator.h"
+#include "codegen/gpu_specs.h"
+#include "report/cost_model.h"
+#include "report/measure.h"
+#include "report/occupancy.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/nvrtc_compiler.h"
+
+namespace lunajit::report {
+namespace {
+
+using nlohmann::json;
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+json shape_json(const ProblemShape& s) { return {{"batch", s.batch}, {"heads", s.heads}, {"seq", s.seq}}; }
+
+json arch_json(const Arch& a, const GpuSpec* gpu, bool gpu_is_device) {
+  json limits = {{"max_smem_per_block", a.max_smem_per_block},
+                 {"max_smem_per_sm", a.max_smem_per_sm},
+                 {"smem_reserved_per_block", a.smem_reserved_per_block},
+                 {"max_threads_per_block", a.max_threads_per_block},
+                 {"max_threads_per_sm", a.max_threads_per_sm},
+                 {"registers_per_sm", a.registers_per_sm},
+                 {"max_registers_per_thread", a.max_registers_per_thread},
+                 {"register_alloc_unit", a.register_alloc_unit},
+                 {"max_blocks_per_sm", a.max_blocks_per_sm}};
+  json g = nullptr;
+  if (gpu)
+    g = {{"key", gpu->key},
+         {"name", gpu->name},
+         {"sm_count", gpu->sm_count},
+         {"memory_gbps", gpu->memory_gbps},
+         {"fp32_tflops", gpu->fp32_tflops},
+         {"bf16_tensor_tflops", gpu->bf16_tensor_tflops},
+         {"l2_mib", gpu->l2_mib},
+         {"source", gpu->source},
+         {"chosen_as", gpu_is_device ? "the measured device" : "representative of the arch"}};
+  return {{"arch", a.name()}, {"sm", a.sm}, {"limits", limits}, {"gpu", g}};
+}
+
+// Compiles once per (source, arch); the resources of every kernel of a source.
+class ResourceTable {
+ public:
+  explicit ResourceTable(BinaryCache* cache) { opts_.cache = cache; }
+  const Result<CompiledKernel>& get(const KernelSource& src, const Arch& arch) {
+    const std::string key = src.content_hash() + arch.name();
+    auto it = compiled_.find(key);
+    if (it == compiled_.end()) it = compiled_.emplace(key, compile_nvrtc(src, arch, opts_)).first;
+    return it->second;
+  }
+
+ private:
+  NvrtcOptions opts_;
+  std::map<std::string, Result<CompiledKernel>> compiled_;
+};
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+ConfigChoice choose_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape&) {
+  return {default_config(spec, arch, pass), "default (untuned)"};
+}
+
+Result<std::vector<ProblemShape>> parse_shapes(std::string_view text) {
+  std::vector<ProblemShape> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t semi = text.find(';', start);
+    const std::string_view item = text.substr(start, semi == std::string_view::npos ? semi : semi - start);
+    if (!item.empty()) {
+      int v[3];
+      size_t pos = 0;
+      for (int i = 0; i < 3; ++i) {
+        const size_t comma = i < 2 ? item.find(',', pos) : item.size();
+        const std::string_view num = item.substr(pos, comma == std::string_view::npos ? comma : comma - pos);
+        auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v[i]);
+        if (comma == std::string_view::npos || num.empty() || ec != std::errc() || p != num.data() + num.size())
+          return Error::invalid(fmt::format("shapes: \"{}\": expected B,H,N (e.g. 2,8,1024)", item));
+        pos = comma + 1;
+      }
+      ProblemShape s{v[0], v[1], v[2]};
+      if (auto st = validate(s); !st) return Error::invalid(fmt::format("shapes: \"{}\": {}", item, st.error().message));
+      out.push_back(s);
+    }
+    if (semi == std::string_view::npos) break;
+    start = semi + 1;
+  }
+  if (out.empty()) return Error::invalid("shapes: empty; expected B,H,N[;B,H,N...] (e.g. 2,8,1024)");
+  return out;
+}
+
+Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt) {
+  if (auto st = validate(spec_in); !st) return st.error();
+  if (opt.archs.empty()) return Error::invalid("archs: empty; expected e.g. sm_80,sm_90,sm_100");
+  if (opt.shapes.empty()) return Error::invalid("shapes: empty; expected B,H,N[;B,H,N...]");
+  for (const auto& s : opt.shapes)
+    if (auto st = validate(s); !st) return st.error();
+
+  json notes = json::array();
+  std::unique_ptr<CudaBackend> gpu;
+  if (opt.measure) {
+    auto b = CudaBackend::create();
+    if (b) gpu = std::move(*b);
+    else notes.push_back("no GPU: every time is predicted from the roofline (" + first_line(b.error().message) + ")");
+  } else {
+    notes.push_back("measurement off: every time is predicted from the roofline");
+  }
+  const int device_sm = gpu ? gpu->device().sm() : 0;
+  bool any_measured = false;
+
+  std::vector<bool> variants;
+  if (opt.causal == CausalVariants::both) variants = {false, true};
+  else variants = {spec_in.causal};
+
+  ResourceTable resources(opt.cache);
+  json archs = json::array(), passes = json::array(), kernels = json::array();
+  for (const Arch& arch : opt.archs) {
+    const GpuSpec* device_gpu = gpu && device_sm == arch.sm ? find_gpu(gpu->device().name) : nullptr;
+    const GpuSpec* product = device_gpu ? device_gpu : representative_gpu(arch.sm);
+    archs.push_back(arch_json(arch, product, device_gpu != nullptr));
+    if (!product) notes.push_back(fmt::format("{}: no GPU product in the table; no predicted times", arch.name()));
+    const bool measure_here = gpu && device_sm == arch.sm;
+    if (gpu && !measure_here)
+      notes.push_back(fmt::format("{}: predicted only (the GPU here is {}, sm_{})", arch.name(),
+                                  gpu->device().name, device_sm));
+
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      AttentionSpec spec = spec_in;
+      spec.causal = variants[vi];
+      for (Pass pass : {Pass::feature_map, Pass::forward, Pass::backward}) {
+        // The feature map kernel does not depend on causality: reported once.
+        if (pass == Pass::feature_map && vi > 0) continue;
+        json pass_row = {{"arch", arch.name()}, {"pass", to_string(pass)}, {"causal", spec.causal}};
+        const ConfigChoice probe = choose_config(spec, arch, pass, opt.shapes.front());
+        auto probe_src = generate(spec, probe.config, pass);
+        if (!probe_src) {
+          pass_row["status"] = "skipped";
+          pass_row["note"] = probe_src.error().message;
+          passes.push_back(pass_row);
+          continue;
+        }
+        pass_row["status"] = "reported";
+        pass_row["note"] = "";
+        passes.push_back(pass_row);
+
+        for (const ProblemShape& shape : opt.shapes) {
+          const ConfigChoice choice = choose_config(spec, arch, pass, shape);
+          auto src = generate(spec, choice.config, pass);
+          if (!src) return src.error();
+          const auto& compiled = opt.compile ? resources.get(*src, arch)
+                                             : Result<CompiledKernel>(Error::unavailable("compilation off"));
+          auto plan = plan_launches(spec, choice.config, pass, shape);
+          std::map<std::string, KernelTiming> timings;
+          json timing_note = nullptr;
+          if (measure_here) {
+            auto t = measure_pass(*gpu, spec, choice.config, pass, shape, opt.measure_repeats);
+            if (t) timings = std::move(*t);
+            else timing_note = "not measured: " + first_line(t.error().message);
+          }
+          for (const KernelEntry& entry : src->entries) {
+            json k;
+            json knotes = json::array();
+            k["arch"] = arch.name();
+            k["gpu"] = product ? json(product->key) : json(nullptr);
+            k["pass"] = to_string(pass);
+            k["causal"] = spec.causal;
+            k["kernel"] = entry.role;
+            k["name_expression"] = entry.name_expression;
+            k["shape"] = shape_json(shape);
+            k["config"] = {{"tile", choice.config.to_json()}, {"string", choice.config.to_string()},
+                           {"how", choice.how}};
+
+            const KernelLaunch* launch = nullptr;
+            if (plan) {
+              for (const auto& l : plan->launches)
+                if (l.role == entry.role) launch = &l;
+            } else {
+              knotes.push_back("no launch plan: " + plan.error().message);
+            }
+            k["launch"] = launch ? json{{"grid", launch->grid}, {"threads", launch->threads},
+                                        {"dynamic_smem_bytes", launch->smem_bytes}}
+                                 : json(nullptr);
+
+            const KernelResources* res = compiled ? compiled->find(entry.name_expression) : nullptr;
+            if (!compiled) knotes.push_back("no resource usage: " + first_line(compiled.error().message));
+            k["resources"] = res ? json{{"registers", res->registers},
+                                        {"static_smem_bytes", res->smem_bytes},
+                                        {"spill_stores", res->spill_stores},
+                                        {"spill_loads", res->spill_loads},
+                                        {"stack_bytes", res->stack_bytes}}
+                                 : json(nullptr);
+            if (res && launch) {
+              const Occupancy o = theoretical_occupancy(
+                  arch, {int(launch->threads), res->registers, res->smem_bytes, launch->smem_bytes});
+              k["occupancy"] = {{"blocks_per_sm", o.blocks_per_sm},
+                                {"limited_by", o.limited_by},
+                                {"blocks_by_threads", o.blocks_by_threads},
+                                {"blocks_by_registers", o.blocks_by_registers},
+                                {"blocks_by_smem", o.blocks_by_smem},
+                                {"blocks_by_limit", o.blocks_by_limit},
+                                {"active_warps", o.active_warps},
+                                {"max_warps", o.max_warps},
+                                {"fraction", o.fraction}};
+            } else {
+              k["occupancy"] = nullptr;
+            }
+
+            auto cost = kernel_cost(spec, choice.config, pass, entry.role, shape);
+            std::optional<RooflineTime> predicted;
+            if (cost) {
+              k["cost"] = {{"bytes", cost->bytes}, {"flops", cost->flops},
+                           {"arithmetic_intensity", cost->arithmetic_intensity()}};
+              if (product) predicted = roofline_time(*cost, *product);
+            } else {
+              k["cost"] = nullptr;
+              knotes.push_back(cost.error().message);
+            }
+            if (predicted)
+              k["predicted"] = {{"time_ms", predicted->time_ms},
+                                {"memory_time_ms", predicted->memory_ms},
+                                {"compute_time_ms", predicted->compute_ms},
+                                {"bound", predicted->bound}};
+            else
+              k["predicted"] = nullptr;
+
+            k["measured"] = nullptr;
+            if (auto it = timings.find(entry.role); it != timings.end() && it->second.time_ms > 0) {
+              const double ms = it->second.time_ms;
+              json m = {{"time_ms", ms}, {"repeats", it->second.repeats}, {"device", gpu->device().name}};
+              if (cost) {
+                m["gbps"] = cost->bytes / (ms * 1e-3) / 1e9;
+                m["tflops"] = cost->flops / (ms * 1e-3) / 1e12;
+              }
+              if (predicted) m["roofline_fraction"] = predicted->time_ms / ms;
+              k["measured"] = m;
+              any_measured = true;
+            } else if (!timing_note.is_null()) {
+              knotes.push_back(timing_note);
+            }
+            k["status"] = k["measured"].is_null() ? "predicted" : "measured";
+            k["notes"] = knotes;
+            kernels.push_back(std::move(k));
+          }
+        }
+      }
+    }
+  }
+
+  json report;
+  report["schema"] = "lunajit.report";
+  report["schema_version"] = kReportSchemaVersion;
+  report["generator"] = {{"lunajit_version", LUNAJIT_VERSION}, {"nvrtc_version", opt.compile ? nvrtc_version() : ""},
+                         {"created_utc", utc_now()}};
+  report["machine"] = {{"mode", any_measured ? "measured" : "predicted"},
+                       {"device", gpu ? json(gpu->description()) : json(nullptr)},
+                       {"device_sm", gpu ? json(device_sm) : json(nullptr)}};
+  report["spec"] = to_json(spec_in);
+  report["spec_hash"] = spec_hash(spec_in);
+  report["causal_variants"] = opt.causal == CausalVariants::both ? "both" : "spec";
+  json shapes = json::array();
+  for (const auto& s : opt.shapes) shapes.push_back(shape_json(s));
+  report["shapes"] = shapes;
+  report["archs"] = archs;
+  report["passes"] = passes;
+  report["kernels"] = kernels;
+  report["notes"] = notes;
+  return report;
+}
+
+}  // namespace lunajit::report

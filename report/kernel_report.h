@@ -1,0 +1,68 @@
+// Kernel reports (docs/ARCHITECTURE.md "report/"): for a spec, a set of problem
+// shapes and a set of archs, one row per kernel of every pass the generator
+// accepts (feature map, forward, backward) with its resources (NVRTC/ptxas),
+// theoretical occupancy (report/occupancy.h), bytes and FLOPs
+// (report/cost_model.h), the roofline time on the arch's representative GPU
+// (codegen/gpu_specs.h), the tile config and how it was chosen; on a GPU of
+// one of the archs also the measured time, achieved GB/s and TFLOP/s and the
+// fraction of the roofline.
+//
+// The report is a JSON document (schema: docs/report_schema.json, version
+// kReportSchemaVersion); the Markdown and HTML renderings (report/render.h) are
+// made from that JSON, so their numbers are the JSON's by construction.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "codegen/arch.h"
+#include "codegen/attention_spec.h"
+#include "codegen/launch_plan.h"
+#include "codegen/tile_config.h"
+#include "common/result.h"
+
+namespace lunajit {
+class BinaryCache;
+}
+
+namespace lunajit::report {
+
+// Bumped on any change that breaks a reader of the JSON (a field removed,
+// renamed or retyped); adding an optional field keeps the version.
+inline constexpr int kReportSchemaVersion = 1;
+inline constexpr const char* kReportSchemaId = "https://lunajit.dev/schemas/report-1.json";
+
+enum class CausalVariants { spec, both };
+
+struct ReportOptions {
+  std::vector<Arch> archs;
+  std::vector<ProblemShape> shapes;
+  CausalVariants causal = CausalVariants::spec;
+  bool compile = true;   // resources from NVRTC (else registers/spills are null)
+  bool measure = true;   // time on the GPU when there is one of a requested arch
+  int measure_repeats = 20;
+  BinaryCache* cache = nullptr;  // nullptr: BinaryCache::global()
+};
+
+// The tile config a report uses for (spec, arch, shape) and how it was chosen.
+// Today the default config ("default (untuned)"); when the tuning database
+// (autotune/, cache/tuning_db.h) lands, this is the one function that asks it.
+struct ConfigChoice {
+  TileConfig config;
+  std::string how;
+};
+ConfigChoice choose_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape);
+
+// Builds the report; Error only for bad input (no archs or shapes, an invalid
+// spec or shape). A pass the generator rejects (backward, until it exists) is
+// listed under "passes" as skipped with the generator's message; a kernel
+// NVRTC cannot compile keeps null resources and a note.
+Result<nlohmann::json> build_report(const AttentionSpec& spec, const ReportOptions& options);
+
+// Parses "B,H,N[;B,H,N...]" (e.g. "2,8,1024;1,16,4096"); the error names the bad item.
+Result<std::vector<ProblemShape>> parse_shapes(std::string_view text);
+
+}  // namespace lunajit::report

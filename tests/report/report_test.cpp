@@ -1,0 +1,454 @@
+// Kernel reports: hand-computed bytes and FLOPs, occupancy, schema validation,
+// Markdown/HTML numbers equal to the JSON's, the HTML rendered by headless
+// Chromium with its charts checked pixel by pixel, the CLI and `compare`.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <png.h>
+
+#include "report/cost_model.h"
+#include "report/kernel_report.h"
+#include "report/occupancy.h"
+#include "report/render.h"
+
+namespace lunajit::report {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ------------------------------------------------------------------ cost model
+// Default LUNA spec: d = dv = 64, M = L = 8, Hm = 64 (D = 64), bf16 (2 bytes),
+// shared channels, relu/relu, params per head: W 512 + W1 64 + b1 64 + W2 512 + b2 8 = 1160 floats.
+// Config T64.w4.dv64.C64.s4: nd = 1, splits 4, chunk 64.
+const TileConfig kConfig(64, 4, 64, 64, 4);
+
+TEST(CostModel, LunaFeatureMapPerToken) {
+  // 2dM + M(2Hm + Hm + 2 Hm L + L) + ML = 1024 + 8 (128 + 64 + 1024 + 8) + 64.
+  EXPECT_EQ(feature_map_flops_per_token(default_spec(Family::luna), false), 10880);
+  EXPECT_EQ(feature_map_flops_per_token(default_spec(Family::luna), true), 10880);
+  // ARCHITECTURE.md's estimate 2dM + M(2Hm + 2 Hm L) is the bulk of it.
+  EXPECT_EQ(2 * 64 * 8 + 8 * (2 * 64 + 2 * 64 * 8), 10240);
+}
+
+struct HandCase {
+  ProblemShape shape;
+  double fm_bytes, fm_flops, state_bytes, state_flops, output_bytes, output_flops, causal_bytes, causal_flops;
+};
+
+// Worked by hand from the formulas in report/cost_model.h.
+// Shape A: B 2, H 4, N 128: BH = 8, nt = 2, two full chunks.
+//   params 4 * 1160 * 4 = 18560 B
+//   feature_map: 8*128*64*2 + 4*8*128*64 + 18560 = 411776 B; 8*128*10880 = 11141120 FLOPs
+//   state: 8*128*128*2 + 4*8*4*4160 + 18560 = 813184 B;
+//          11141120 + 2*8*128*64*64 + 8*128*64 = 19595264 FLOPs
+//   output: 813184 B; 11141120 + 8388608 + 2*8*4*4160 + 8*128*129 + 8*128*64 = 19993600 FLOPs
+//   causal_chunk: 8*128*256*2 + 18560 = 542848 B;
+//          chunk(64): 2080*128 + 64*(4160 + 8192) + 2*64*64*64 + 4096 + 64*129 + 2080 + 4096 = 1599584
+//          8 * (128*21760 + 2*1599584) = 47875584 FLOPs
+// Shape B: B 1, H 2, N 100: BH = 2, nt = 2, chunks of 64 and 36.
+//   params 4 * 1160 * 2 = 9280 B
+//   feature_map: 2*100*64*2 + 4*2*100*64 + 9280 = 86080 B; 200*10880 = 2176000 FLOPs
+//   state: 2*100*128*2 + 4*2*4*4160 + 9280 = 193600 B; 2176000 + 1638400 + 12800 = 3827200 FLOPs
+//   output: 193600 B; 2176000 + 1638400 + 2*2*4*4160 + 200*129 + 200*64 = 3919560 FLOPs
+//   causal_chunk: 2*100*256*2 + 9280 = 111680 B;
+//          chunk(36): 666*128 + 64*(1332 + 4608) + 2*64*64*36 + 2304 + 36*129 + 666 + 2304 = 770238
+//          2 * (100*21760 + 1599584 + 770238) = 9091644 FLOPs
+const HandCase kHandCases[] = {
+    {{2, 4, 128}, 411776, 11141120, 813184, 19595264, 813184, 19993600, 542848, 47875584},
+    {{1, 2, 100}, 86080, 2176000, 193600, 3827200, 193600, 3919560, 111680, 9091644},
+};
+
+TEST(CostModel, HandComputedBytesAndFlops) {
+  AttentionSpec spec = default_spec(Family::luna);
+  for (const HandCase& h : kHandCases) {
+    SCOPED_TRACE(fmt::format("shape {},{},{}", h.shape.batch, h.shape.heads, h.shape.seq));
+    auto fm = kernel_cost(spec, kConfig, Pass::feature_map, "feature_map", h.shape).value_or_throw();
+    EXPECT_EQ(fm.bytes, h.fm_bytes);
+    EXPECT_EQ(fm.flops, h.fm_flops);
+    auto st = kernel_cost(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
+    EXPECT_EQ(st.bytes, h.state_bytes);
+    EXPECT_EQ(st.flops, h.state_flops);
+    auto out = kernel_cost(spec, kConfig, Pass::forward, "output", h.shape).value_or_throw();
+    EXPECT_EQ(out.bytes, h.output_bytes);
+    EXPECT_EQ(out.flops, h.output_flops);
+    AttentionSpec causal = spec;
+    causal.causal = true;
+    auto cc = kernel_cost(causal, kConfig, Pass::forward, "causal_chunk", h.shape).value_or_throw();
+    EXPECT_EQ(cc.bytes, h.causal_bytes);
+    EXPECT_EQ(cc.flops, h.causal_flops);
+  }
+}
+
+TEST(CostModel, UnknownKernelsAndBackwardHaveNoFormula) {
+  const AttentionSpec spec = default_spec(Family::luna);
+  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "mystery", {1, 1, 8}));
+  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "key_stab", {1, 1, 8}));  // not performer
+  EXPECT_TRUE(kernel_cost(default_spec(Family::performer), kConfig, Pass::forward, "key_stab", {1, 1, 8}));
+}
+
+TEST(CostModel, RooflineTakesTheSlowerLimb) {
+  const GpuSpec* h100 = find_gpu("h100");
+  ASSERT_NE(h100, nullptr);
+  // 3.35e12 B/s, 67e12 FLOP/s: 3.35 GB takes 1 ms; 67 GFLOP takes 1 ms.
+  auto t = roofline_time({3.35e9, 6.7e9}, *h100);
+  EXPECT_NEAR(t.memory_ms, 1.0, 1e-12);
+  EXPECT_NEAR(t.compute_ms, 0.1, 1e-12);
+  EXPECT_EQ(t.time_ms, t.memory_ms);
+  EXPECT_EQ(t.bound, "memory");
+  t = roofline_time({3.35e9, 6.7e11}, *h100);
+  EXPECT_NEAR(t.time_ms, 10.0, 1e-9);
+  EXPECT_EQ(t.bound, "compute");
+}
+
+// ------------------------------------------------------------------ occupancy
+TEST(Occupancy, WorkedExampleOfTheHeader) {
+  const Arch sm90 = arch_from_sm(90).value_or_throw();
+  const Occupancy o = theoretical_occupancy(sm90, {128, 96, 0, 40 * 1024});
+  EXPECT_EQ(o.blocks_by_threads, 16);
+  EXPECT_EQ(o.blocks_by_registers, 5);
+  EXPECT_EQ(o.blocks_by_smem, 5);
+  EXPECT_EQ(o.blocks_per_sm, 5);
+  EXPECT_EQ(o.limited_by, "registers");
+  EXPECT_DOUBLE_EQ(o.fraction, 20.0 / 64);
+}
+
+TEST(Occupancy, EachLimit) {
+  const Arch sm80 = arch_from_sm(80).value_or_throw();
+  // 32 regs, no smem, 256 threads: 8 blocks by threads (2048 / 256) = 100%.
+  Occupancy o = theoretical_occupancy(sm80, {256, 32, 0, 0});
+  EXPECT_EQ(o.blocks_per_sm, 8);
+  EXPECT_EQ(o.limited_by, "threads");
+  EXPECT_DOUBLE_EQ(o.fraction, 1.0);
+  // 33 regs round up to 1280 per warp: 16384 / 1280 = 12 warps per quarter, 48 warps = 6 blocks of 8.
+  o = theoretical_occupancy(sm80, {256, 33, 0, 0});
+  EXPECT_EQ(o.blocks_by_registers, 6);
+  EXPECT_EQ(o.limited_by, "registers");
+  // 100 KiB of smem + 1 KiB reserved: one block of 164 KiB.
+  o = theoretical_occupancy(sm80, {128, 32, 0, 100 * 1024});
+  EXPECT_EQ(o.blocks_by_smem, 1);
+  EXPECT_EQ(o.limited_by, "smem");
+  // 32 threads, few regs, no smem: the 32-block limit.
+  o = theoretical_occupancy(sm80, {32, 16, 0, 0});
+  EXPECT_EQ(o.blocks_per_sm, 32);
+  EXPECT_EQ(o.limited_by, "blocks");
+  // Over the per-block smem limit: cannot launch.
+  o = theoretical_occupancy(sm80, {128, 32, 0, 200 * 1024});
+  EXPECT_EQ(o.blocks_per_sm, 0);
+}
+
+TEST(Shapes, ParseAndReject) {
+  auto s = parse_shapes("2,8,1024;1,16,4096").value_or_throw();
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[1].heads, 16);
+  EXPECT_EQ(s[1].seq, 4096);
+  for (const char* bad : {"", "2,8", "2,8,x", "0,1,1", "1,1,1,1"}) {
+    auto r = parse_shapes(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.error().message.find("shapes"), std::string::npos) << r.error().message;
+  }
+}
+
+// ------------------------------------------------------------------ the report
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int run(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// One report for sm_80, sm_90, sm_100 of the default spec, built once.
+class ReportFiles : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::path(LUNAJIT_REPORT_TEST_DIR) / "default";
+    fs::remove_all(dir_);
+    ReportOptions opt;
+    for (int sm : {80, 90, 100}) opt.archs.push_back(arch_from_sm(sm).value_or_throw());
+    opt.shapes = parse_shapes("2,4,128;1,2,100;1,8,1024;1,8,4096").value_or_throw();
+    opt.measure_repeats = 5;
+    auto r = build_report(default_spec(Family::luna), opt);
+    ASSERT_TRUE(r) << r.error().message;
+    report_ = *r;
+    ASSERT_TRUE(write_report(report_, dir_));
+  }
+  static json report_;
+  static fs::path dir_;
+};
+json ReportFiles::report_;
+fs::path ReportFiles::dir_;
+
+TEST_F(ReportFiles, ValidatesAgainstTheSchema) {
+  const fs::path schema = fs::path(LUNAJIT_SOURCE_DIR) / "docs/report_schema.json";
+  const std::string script = fs::path(LUNAJIT_SOURCE_DIR) / "tests/report/validate_report.py";
+  const std::string py = LUNAJIT_PYTHON3;
+  ASSERT_FALSE(py.empty()) << "python3 not found";
+  const int rc = run(fmt::format("{} {} {} {}", py, script, schema.string(), (dir_ / "report.json").string()));
+  ASSERT_NE(rc, 3) << "install python3-jsonschema (scripts/install_deps.sh)";
+  EXPECT_EQ(rc, 0);
+
+  // The validator does reject: a register count as a string, a missing field.
+  json bad = report_;
+  bad["kernels"][0]["resources"] = {{"registers", "many"}, {"static_smem_bytes", 0}, {"spill_stores", 0},
+                                    {"spill_loads", 0}, {"stack_bytes", 0}};
+  bad.erase("notes");
+  const fs::path bad_path = dir_ / "bad.json";
+  std::ofstream(bad_path) << bad.dump();
+  EXPECT_EQ(run(fmt::format("{} {} {} {} 2>/dev/null", py, script, schema.string(), bad_path.string())), 1);
+}
+
+TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
+  const json& r = report_;
+  EXPECT_EQ(r["schema_version"], kReportSchemaVersion);
+  const bool have_gpu = !r["machine"]["device"].is_null();
+  if (!have_gpu) EXPECT_EQ(r["machine"]["mode"], "predicted");
+  std::set<std::string> archs, roles;
+  for (const auto& k : r["kernels"]) {
+    archs.insert(k["arch"].get<std::string>());
+    roles.insert(k["pass"].get<std::string>() + ":" + k["kernel"].get<std::string>());
+    if (!have_gpu) {
+      EXPECT_EQ(k["status"], "predicted");
+      EXPECT_TRUE(k["measured"].is_null());
+    }
+    if (k["pass"] == "backward") continue;  // resources yes, cost formulas not yet
+    ASSERT_FALSE(k["resources"].is_null()) << k.dump();
+    EXPECT_GT(k["resources"]["registers"].get<int>(), 0);
+    ASSERT_FALSE(k["occupancy"].is_null());
+    EXPECT_GT(k["occupancy"]["fraction"].get<double>(), 0);
+    ASSERT_FALSE(k["predicted"].is_null());
+    EXPECT_GT(k["predicted"]["time_ms"].get<double>(), 0);
+    EXPECT_EQ(k["config"]["how"], "default (untuned)");
+    // The row's cost is the cost model's for its own config and shape.
+    const TileConfig config = tile_config_from_json(k["config"]["tile"], TileConfig()).value_or_throw();
+    AttentionSpec spec = default_spec(Family::luna);
+    spec.causal = k["causal"].get<bool>();
+    const ProblemShape shape{k["shape"]["batch"], k["shape"]["heads"], k["shape"]["seq"]};
+    const auto cost = kernel_cost(spec, config, parse_pass(k["pass"].get<std::string>()).value_or_throw(),
+                                  k["kernel"].get<std::string>(), shape)
+                          .value_or_throw();
+    EXPECT_EQ(k["cost"]["bytes"].get<double>(), cost.bytes);
+    EXPECT_EQ(k["cost"]["flops"].get<double>(), cost.flops);
+  }
+  EXPECT_EQ(archs, (std::set<std::string>{"sm_80", "sm_90", "sm_100"}));
+  EXPECT_TRUE(roles.count("feature_map:feature_map"));
+  EXPECT_TRUE(roles.count("forward:state"));
+  EXPECT_TRUE(roles.count("forward:output"));
+  // The backward is reported when the generator accepts it, else listed as skipped with the reason.
+  for (const auto& p : r["passes"])
+    if (p["pass"] == "backward" && p["status"] == "skipped") EXPECT_FALSE(p["note"].get<std::string>().empty());
+  // sm_100 is predicted on its representative product.
+  for (const auto& a : r["archs"])
+    if (a["arch"] == "sm_100") EXPECT_EQ(a["gpu"]["key"], "b200");
+}
+
+// Every cell of the Markdown table equals the JSON's value, as text and as a number.
+void expect_row_matches(const json& kernel, const std::vector<std::string>& cells, const std::string& where) {
+  const auto& cols = kernel_table_columns();
+  ASSERT_EQ(cells.size(), cols.size()) << where;
+  for (size_t c = 0; c < cols.size(); ++c) {
+    EXPECT_EQ(cells[c], cell_text(kernel, cols[c])) << where << " column " << cols[c].header;
+    if (!cols[c].numeric || cells[c] == "-") continue;
+    const double want = kernel.at(json::json_pointer(cols[c].pointer)).get<double>();
+    EXPECT_NEAR(std::stod(cells[c]), want, std::fabs(want) * 1e-3) << where << " column " << cols[c].header;
+  }
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+TEST_F(ReportFiles, MarkdownNumbersEqualTheJson) {
+  const std::string md = slurp(dir_ / "report.md");
+  std::istringstream in(md.substr(md.find("## Kernels")));
+  std::string line;
+  std::vector<std::vector<std::string>> rows;
+  int table_line = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("|", 0) != 0) {
+      if (table_line > 0) break;
+      continue;
+    }
+    if (table_line++ < 2) continue;  // header, rule
+    std::vector<std::string> cells;
+    size_t pos = 1;
+    while (pos < line.size()) {
+      const size_t bar = line.find(" |", pos);
+      if (bar == std::string::npos) break;
+      cells.push_back(trim(line.substr(pos, bar - pos)));
+      pos = bar + 2;
+    }
+    rows.push_back(cells);
+  }
+  ASSERT_EQ(rows.size(), report_["kernels"].size());
+  for (size_t i = 0; i < rows.size(); ++i) expect_row_matches(report_["kernels"][i], rows[i], fmt::format("md row {}", i));
+}
+
+std::string html_unescape(std::string s) {
+  for (auto [from, to] : {std::pair{"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&amp;", "&"}}) {
+    size_t p = 0;
+    while ((p = s.find(from, p)) != std::string::npos) s.replace(p, std::strlen(from), to), p += std::strlen(to);
+  }
+  return s;
+}
+
+TEST_F(ReportFiles, HtmlNumbersEqualTheJson) {
+  const std::string html = slurp(dir_ / "report.html");
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src=\"http"), std::string::npos);  // self-contained
+  const std::regex row_re("<tr class=\"kernel\" data-index=\"([0-9]+)\">(.*?)</tr>");
+  const std::regex cell_re("<td[^>]*>(.*?)</td>");
+  size_t n = 0;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), row_re); it != std::sregex_iterator(); ++it, ++n) {
+    const size_t index = std::stoul((*it)[1]);
+    ASSERT_EQ(index, n);
+    const std::string row = (*it)[2];
+    std::vector<std::string> cells;
+    for (auto c = std::sregex_iterator(row.begin(), row.end(), cell_re); c != std::sregex_iterator(); ++c)
+      cells.push_back(html_unescape((*c)[1]));
+    expect_row_matches(report_["kernels"][index], cells, fmt::format("html row {}", index));
+  }
+  EXPECT_EQ(n, report_["kernels"].size());
+}
+
+// ------------------------------------------------------------------ screenshot
+struct Image {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  const uint8_t* at(int x, int y) const { return &rgb[(size_t(y) * width + x) * 3]; }
+};
+
+Image read_png(const fs::path& path) {
+  Image img;
+  png_image png{};
+  png.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&png, path.c_str())) return img;
+  png.format = PNG_FORMAT_RGB;
+  img.rgb.resize(PNG_IMAGE_SIZE(png));
+  if (!png_image_finish_read(&png, nullptr, img.rgb.data(), 0, nullptr)) return {};
+  img.width = png.width;
+  img.height = png.height;
+  return img;
+}
+
+int hex(const char* c, int i) { return std::stoi(std::string(c + 1 + 2 * i, 2), nullptr, 16); }
+
+// Pixels within `tol` per channel of `color` inside the rectangle.
+int count_color(const Image& img, int x0, int y0, int w, int h, const char* color, int tol = 10) {
+  int n = 0;
+  for (int y = std::max(0, y0); y < std::min(img.height, y0 + h); ++y)
+    for (int x = std::max(0, x0); x < std::min(img.width, x0 + w); ++x) {
+      const uint8_t* p = img.at(x, y);
+      if (std::abs(p[0] - hex(color, 0)) <= tol && std::abs(p[1] - hex(color, 1)) <= tol &&
+          std::abs(p[2] - hex(color, 2)) <= tol)
+        ++n;
+    }
+  return n;
+}
+
+TEST_F(ReportFiles, HtmlRendersInHeadlessChromiumWithTheChartsDrawn) {
+  const std::string chromium = LUNAJIT_CHROMIUM;
+  ASSERT_FALSE(chromium.empty()) << "chromium not found: install Debian's chromium (scripts/install_deps.sh)";
+  const fs::path shot = dir_ / "screenshot.png";
+  const fs::path profile = dir_ / "chromium-profile";
+  fs::remove(shot);
+  fs::create_directories(profile);
+  const std::string cmd = fmt::format(
+      "timeout 60 {} --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+      "--disable-background-networking --disable-component-update --disable-sync --hide-scrollbars "
+      "--force-device-scale-factor=1 --user-data-dir={} --screenshot={} --window-size=1200,1600 file://{} "
+      ">{} 2>&1",
+      chromium, profile.string(), shot.string(), fs::absolute(dir_ / "report.html").string(),
+      (dir_ / "chromium.log").string());
+  ASSERT_EQ(run(cmd), 0) << slurp(dir_ / "chromium.log");
+  const Image img = read_png(shot);
+  ASSERT_EQ(img.width, 1200);
+  ASSERT_EQ(img.height, 1600);
+
+  // The charts in page order: time and fraction per pass with predicted times, then resources per arch.
+  struct Expected { std::vector<const char*> colors; };
+  std::vector<Expected> charts;
+  std::vector<std::string> keys;
+  for (const auto& k : report_["kernels"]) {
+    if (k["predicted"].is_null()) continue;
+    std::string key = k["pass"].get<std::string>() + (k["causal"].get<bool>() ? "c" : "");
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    charts.push_back({{kSeriesColors[0], kSeriesColors[1], kSeriesColors[2]}});  // time: one line per arch
+    charts.push_back({{kSeriesColors[0], kSeriesColors[1], kSeriesColors[2]}});  // fraction
+  }
+  for (int a = 0; a < 3; ++a) charts.push_back({{kResourceColors[0], kResourceColors[1], kResourceColors[2]}});
+  int checked = 0;
+  for (size_t i = 0; i < charts.size(); ++i) {
+    const int x = kChartsLeft + int(i % 2) * (kChartWidth + kChartGap);
+    const int y = kHeaderHeight + int(i / 2) * (kChartHeight + kChartGap);
+    if (y + kChartHeight > img.height) break;
+    SCOPED_TRACE(fmt::format("chart {} at ({}, {})", i, x, y));
+    // The chart's own white background, inside its frame: the layout is where the test expects it.
+    EXPECT_GT(count_color(img, x + 5, y + 5, 20, 10, "#ffffff", 2), 150);
+    for (const char* color : charts[i].colors)
+      EXPECT_GT(count_color(img, x, y, kChartWidth, kChartHeight, color), 20) << color;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+  // Between the charts there is nothing of the series colours (the gap is page background).
+  EXPECT_EQ(count_color(img, kChartsLeft + kChartWidth + 1, kHeaderHeight, kChartGap - 2, kChartHeight,
+                        kSeriesColors[1]), 0);
+}
+
+// ------------------------------------------------------------------ CLI and compare
+TEST(ReportCli, WritesReportAndCompare) {
+  const fs::path base = fs::path(LUNAJIT_REPORT_TEST_DIR) / "cli";
+  fs::remove_all(base);
+  const std::string cli = LUNAJIT_CLI;
+  const std::string spec = R"('{"family": "elu", "head_dim": 32, "value_dim": 32}')";
+  ASSERT_EQ(run(fmt::format("{} report {} --arch sm_80 --shapes '1,2,64;1,2,256' --no-compile --no-measure "
+                            "--out {} >/dev/null",
+                            cli, spec, (base / "a").string())), 0);
+  ASSERT_EQ(run(fmt::format("{} report {} --arch sm_90,sm_100 --shapes 1,2,64 --causal both --no-compile "
+                            "--no-measure --out {} >/dev/null",
+                            cli, spec, (base / "b").string())), 0);
+  for (const char* f : {"a/report.json", "a/report.md", "a/report.html", "b/report.json"})
+    EXPECT_TRUE(fs::exists(base / f)) << f;
+  const json b = json::parse(slurp(base / "b/report.json"));
+  bool causal = false, noncausal = false;
+  for (const auto& k : b["kernels"]) (k["causal"].get<bool>() ? causal : noncausal) = true;
+  EXPECT_TRUE(causal && noncausal);
+
+  ASSERT_EQ(run(fmt::format("{} report compare {} {} --out {} >/dev/null", cli, (base / "a/report.json").string(),
+                            (base / "b/report.json").string(), (base / "cmp").string())), 0);
+  const std::string md = slurp(base / "cmp/compare.md");
+  EXPECT_NE(md.find("a sm_80"), std::string::npos);
+  EXPECT_NE(md.find("b sm_100"), std::string::npos);
+  const std::string html = slurp(base / "cmp/compare.html");
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+
+  // Bad input: exit 2 with the field named.
+  EXPECT_EQ(run(fmt::format("{} report --shapes 1,2 --no-compile --out {} 2>/dev/null", cli, (base / "x").string())), 2);
+  EXPECT_EQ(run(fmt::format("{} report --arch sm_1 --no-compile --out {} 2>/dev/null", cli, (base / "x").string())), 2);
+  std::ofstream(base / "old.json") << R"({"schema": "lunajit.report", "schema_version": 99})";
+  EXPECT_EQ(run(fmt::format("{} report compare {} --out {} 2>/dev/null", cli, (base / "old.json").string(),
+                            (base / "y").string())), 2);
+}
+
+}  // namespace
+}  // namespace lunajit::report
