@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/cache_command.h"
+#include "apps/tune_command.h"
 #include "apps/report_command.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
@@ -244,6 +246,7 @@ int cmd_demo() {
                 rep->pass ? "PASS" : "FAIL");
     if (!rep->pass) status = 1;
   }
+  if (const int rc = run_demo_tune(); rc != 0) status = rc;
   if (const int rc = write_demo_report(); rc != 0) return rc;
   return status;
 }
@@ -291,6 +294,9 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
   run_cmd->add_flag("--json", as_json, "machine-readable output");
 
+  const Subcommand tune_cmd = add_tune_command(app);
+  const Subcommand cache_cmd = add_cache_command(app);
+
   ReportArgs report_args;
   const ReportCommand report_cmd = add_report_command(app, report_args);
 
@@ -309,6 +315,8 @@ int main(int argc, char** argv) {
     if (*run_cmd) return cmd_run(run_args, run, as_json);
     if (*demo_cmd) return cmd_demo();
     if (*report_cmd.report) return run_report_command(report_cmd, report_args, as_json);
+    if (*tune_cmd.cmd) return tune_cmd.run();
+    if (*cache_cmd.cmd) return cache_cmd.run();
   } catch (const LunajitError& e) {
     return fail(e.error());
   } catch (const std::exception& e) {

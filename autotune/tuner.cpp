@@ -1,0 +1,335 @@
+#include "autotune/tuner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "autotune/cost_model.h"
+#include "autotune/forward_probe.h"
+#include "autotune/validation.h"
+#include "codegen/generator.h"
+#include "runtime/attention_runner.h"
+
+namespace lunajit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int worker_count(int threads) {
+  if (threads > 0) return threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Runs body(i) for i in [0, n) on `threads` workers (a plain pool: one atomic
+// counter, no queue); on_done(count) after each.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& body,
+                  const std::function<void(size_t)>& on_done) {
+  std::atomic<size_t> next{0}, done{0};
+  std::mutex progress_mu;
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      body(i);
+      const size_t d = ++done;
+      if (on_done) {
+        std::lock_guard lock(progress_mu);
+        on_done(d);
+      }
+    }
+  };
+  const int w = std::min<int>(worker_count(threads), std::max<size_t>(n, 1));
+  if (w <= 1) return work();
+  std::vector<std::thread> pool;
+  for (int i = 0; i < w; ++i) pool.emplace_back(work);
+  for (auto& t : pool) t.join();
+}
+
+std::map<std::string, KernelUsage> usage_by_role(const KernelSource& src, const CompiledKernel& k) {
+  std::map<std::string, KernelUsage> out;
+  for (const auto& e : src.entries)
+    if (const KernelResources* r = k.find(e.name_expression)) out[e.role] = {r->registers, r->smem_bytes};
+  return out;
+}
+
+// Device buffers of one forward at `shape` for timing (contents zero: the
+// kernels' work does not depend on the values).
+struct ForwardBench {
+  Buffer q, k, v, o, params;
+  static Result<ForwardBench> create(Backend& b, const AttentionSpec& spec, const ProblemShape& s) {
+    ForwardBench fb;
+    const size_t rows = size_t(s.batch) * s.seq * s.heads, eb = dtype_bytes(spec.dtype);
+    for (auto [buf, bytes] : {std::pair{&fb.q, rows * spec.head_dim * eb}, std::pair{&fb.k, rows * spec.head_dim * eb},
+                              std::pair{&fb.v, rows * spec.value_dim * eb}, std::pair{&fb.o, rows * spec.value_dim * eb},
+                              std::pair{&fb.params, size_t(1) << 20}}) {
+      auto a = b.allocate(bytes);
+      if (!a) return a.error();
+      *buf = std::move(*a);
+      if (auto st = b.fill_zero(*buf); !st) return st.error();
+    }
+    return fb;
+  }
+};
+
+}  // namespace
+
+std::vector<Result<CompiledKernel>> compile_candidates(const AttentionSpec& spec, Pass pass,
+                                                       const std::vector<TileConfig>& configs, const Arch& arch,
+                                                       int threads, const NvrtcOptions& options,
+                                                       const std::function<void(size_t)>& on_done) {
+  std::vector<Result<CompiledKernel>> out(configs.size(), Result<CompiledKernel>(Error::failure("not compiled")));
+  parallel_for(
+      configs.size(), threads,
+      [&](size_t i) {
+        auto src = generate(spec, configs[i], pass);
+        if (!src) {
+          out[i] = src.error();
+          return;
+        }
+        out[i] = compile_nvrtc(*src, arch, options);
+      },
+      on_done);
+  return out;
+}
+
+TuningKey tuning_key(const AttentionSpec& spec, Pass pass, const ProblemShape& s) {
+  return {spec_hash(spec), std::string(to_string(pass)),
+          shape_bucket(s.batch, s.heads, s.seq, std::string(to_string(spec.dtype)))};
+}
+
+DeviceFingerprint model_fingerprint(const Arch& arch) {
+  const GpuSpec* g = representative_gpu(arch.sm);
+  DeviceFingerprint f;
+  f.name = g ? "model of " + g->name : "model of " + arch.name();
+  f.sm = arch.sm;
+  f.sm_count = g ? g->sm_count : 0;
+  f.memory_bytes = g ? static_cast<uint64_t>(g->memory_gib * double(1ull << 30)) : 0;
+  f.driver = "none";
+  f.nvrtc = nvrtc_build_identity();
+  f.lunajit = LUNAJIT_VERSION;
+  return f;
+}
+
+ConfigChoice choose_config(const TuningDb& db, const AttentionSpec& spec, Pass pass, const ProblemShape& shape,
+                           const Arch& arch) {
+  const TuningLookup hit = db.lookup(tuning_key(spec, pass, shape));
+  if (hit.entry) {
+    auto c = tile_config_from_json(hit.entry->config, default_config(spec, arch, pass));
+    if (c && can_implement(spec, *c, arch, pass)) return {*c, hit.kind, hit.entry->method};
+  }
+  return {default_config(spec, arch, pass), LookupKind::none, "default"};
+}
+
+Tuner::Tuner(TuningDb& db, Backend& check_backend, TuneOptions options, Timer* timer, Backend* timing_backend,
+             const GpuSpec* gpu)
+    : db_(db),
+      check_backend_(check_backend),
+      options_(std::move(options)),
+      timer_(timer),
+      timing_backend_(timing_backend),
+      gpu_(gpu != nullptr ? gpu : representative_gpu(options_.arch.sm)) {}
+
+std::vector<TileConfig> Tuner::candidates(const AttentionSpec& spec, Pass pass) const {
+  const auto space = search_space(spec, pass, options_.arch);
+  if (options_.max_candidates == 0) return space;
+  return sample_space(space, options_.max_candidates, default_config(spec, options_.arch, pass));
+}
+
+Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
+  if (auto st = validate(spec); !st) return st.error();
+  const Arch& arch = options_.arch;
+  std::vector<TuneResult> results;
+  const std::vector<Pass> passes = options_.passes.empty() ? tunable_passes(spec, arch) : options_.passes;
+  for (Pass pass : passes) {
+    // Shapes the database answers exactly need nothing compiled.
+    std::vector<ProblemShape> pending;
+    for (const ProblemShape& shape : options_.shapes) {
+      if (auto st = validate(shape); !st) return st.error();
+      const TuningKey key = tuning_key(spec, pass, shape);
+      auto entry = options_.retune ? std::nullopt : db_.find(key);
+      auto config = entry ? tile_config_from_json(entry->config, default_config(spec, arch, pass))
+                          : Result<TileConfig>(Error::invalid("no entry"));
+      if (config && can_implement(spec, *config, arch, pass)) {
+        TuneResult r;
+        r.pass = pass;
+        r.shape = shape;
+        r.key = key;
+        r.chosen = *config;
+        r.method = entry->method;
+        r.from_db = true;
+        results.push_back(std::move(r));
+      } else {
+        pending.push_back(shape);
+      }
+    }
+    if (pending.empty()) continue;
+
+    const std::vector<TileConfig> configs = candidates(spec, pass);
+    const TileConfig reference_config = default_config(spec, arch, pass);
+    std::vector<CandidateResult> rows(configs.size());
+    for (size_t i = 0; i < configs.size(); ++i) rows[i].config = configs[i];
+    auto report = [&](const char* stage, size_t done, size_t total) {
+      if (options_.progress) options_.progress({stage, pass, done, total});
+    };
+
+    // Step 2: NVRTC for the arch, all candidates in parallel.
+    const uint64_t nvrtc_before = nvrtc_invocations();
+    const auto t_compile = Clock::now();
+    auto compiled = compile_candidates(spec, pass, configs, arch, options_.threads, {},
+                                       [&](size_t d) { report("compile", d, configs.size()); });
+    const double compile_wall = seconds_since(t_compile);
+    const uint64_t nvrtc_compiles = nvrtc_invocations() - nvrtc_before;
+    std::vector<std::map<std::string, KernelUsage>> usage(configs.size());
+    for (size_t i = 0; i < configs.size(); ++i) {
+      if (!compiled[i]) {
+        rows[i].status = "compile failed: " + compiled[i].error().message.substr(0, 200);
+        continue;
+      }
+      rows[i].compiled = true;
+      rows[i].compile_seconds = compiled[i]->from_cache ? 0 : compiled[i]->compile_seconds;
+      if (auto src = generate(spec, configs[i], pass)) usage[i] = usage_by_role(*src, *compiled[i]);
+    }
+    for (size_t i = 0; i < configs.size(); ++i)
+      if (!rows[i].compiled && configs[i] == reference_config)
+        return Error{ErrorKind::compile_failed,
+                     fmt::format("the reference config {} does not compile for {}: {}", configs[i].to_string(),
+                                 arch.name(), rows[i].status)};
+
+    // Step 3: correctness on the check backend.
+    const auto t_check = Clock::now();
+    if (!options_.check) {
+      for (auto& r : rows) r.correct = r.compiled;
+    } else if (pass == Pass::forward) {
+      auto probe = ForwardProbe::create(spec, options_.check_options);
+      if (!probe) return probe.error();
+      auto exact = probe->reference();
+      if (!exact) return exact.error();
+      auto ref_out = probe->run(check_backend_, reference_config);
+      if (!ref_out) return ref_out.error();
+      const CheckReport ref_rep = compare_outputs(*ref_out, *exact, spec.dtype);
+      if (!ref_rep.pass)
+        return Error::failure(fmt::format("the reference config {} fails the check against the double reference "
+                                          "(rel rms {:.2e} > {:.0e}); not tuning a wrong kernel",
+                                          reference_config.to_string(), ref_rep.rel_rms, ref_rep.tolerance));
+      parallel_for(
+          configs.size(), options_.threads,
+          [&](size_t i) {
+            if (!rows[i].compiled) return;
+            auto out = configs[i] == reference_config ? Result<std::vector<double>>(*ref_out)
+                                                       : probe->run(check_backend_, configs[i]);
+            if (!out) {
+              rows[i].status = "run failed: " + out.error().message.substr(0, 200);
+              return;
+            }
+            if (options_.perturb_output) options_.perturb_output(configs[i], *out);
+            const CheckReport rep = compare_outputs(*out, *ref_out, spec.dtype);
+            rows[i].rel_rms = rep.rel_rms;
+            rows[i].correct = rep.pass;
+            if (!rep.pass)
+              rows[i].status = fmt::format("wrong output: rel rms {:.2e} vs the reference config", rep.rel_rms);
+          },
+          [&](size_t d) { report("check", d, configs.size()); });
+    } else {
+      // Backward: dq, dk, dv and parameter gradients against the double reference.
+      parallel_for(
+          configs.size(), options_.threads,
+          [&](size_t i) {
+            if (!rows[i].compiled) return;
+            auto rep = check_backward(check_backend_, spec, configs[i], options_.check_options);
+            if (!rep) {
+              rows[i].status = "run failed: " + rep.error().message.substr(0, 200);
+              return;
+            }
+            rows[i].correct = rep->pass;
+            for (const auto& t : rep->tensors) rows[i].rel_rms = std::max(rows[i].rel_rms, t.rel_rms);
+            if (!rep->pass) rows[i].status = fmt::format("wrong gradients: rel rms {:.2e}", rows[i].rel_rms);
+          },
+          [&](size_t d) { report("check", d, configs.size()); });
+    }
+    const double check_wall = seconds_since(t_check);
+
+    // Step 4: rank at each pending shape.
+    const bool measure = timer_ != nullptr && timing_backend_ != nullptr && pass == Pass::forward;
+    std::vector<TuningEntry> entries;
+    for (const ProblemShape& shape : pending) {
+      TuneResult res;
+      res.pass = pass;
+      res.shape = shape;
+      res.key = tuning_key(spec, pass, shape);
+      res.method = measure ? "measured" : "model-ranked";
+      res.compile_wall_seconds = compile_wall;
+      res.check_wall_seconds = check_wall;
+      res.nvrtc_compiles = nvrtc_compiles;
+      res.candidates = rows;
+      std::optional<ForwardBench> bench;
+      if (measure) {
+        auto b = ForwardBench::create(*timing_backend_, spec, shape);
+        if (!b) return b.error();
+        bench = std::move(*b);
+      }
+      double best = std::numeric_limits<double>::infinity();
+      size_t done = 0;
+      for (CandidateResult& c : res.candidates) {
+        report("time", ++done, res.candidates.size());
+        if (!c.compiled || !c.correct) continue;
+        if (measure) {
+          auto runner = AttentionRunner::create(*timing_backend_, spec, c.config, Pass::forward);
+          if (!runner) {
+            c.correct = false;
+            c.status = "load failed: " + runner.error().message.substr(0, 200);
+            continue;
+          }
+          const int dv = spec.value_dim, d = spec.head_dim;
+          auto ref = [&](const Buffer& b, int dim) {
+            return TensorRef{b.as_pointer(), int64_t(shape.seq) * shape.heads * dim, int64_t(shape.heads) * dim, dim};
+          };
+          const MutableTensorRef o{bench->o.as_pointer(), int64_t(shape.seq) * shape.heads * dv,
+                                   int64_t(shape.heads) * dv, dv};
+          auto run = [&]() -> Status {
+            return runner->forward(shape, ref(bench->q, d), ref(bench->k, d), ref(bench->v, dv), o,
+                                   bench->params.ptr());
+          };
+          auto sample = timer_->time(c.config, run, best);
+          if (!sample) return sample.error();
+          c.ms = sample->median_ms;
+          c.status = sample->rejected_early ? "slow (rejected early)" : "ok";
+        } else {
+          const size_t i = &c - res.candidates.data();
+          auto est = estimate_cost(spec, c.config, pass, shape, *gpu_, arch, usage[i]);
+          if (!est) return est.error();
+          c.ms = est->ms;
+          c.status = "ok";
+        }
+        best = std::min(best, c.ms);
+      }
+      // The fastest correct candidate; ties (and rejected ones) to the earlier.
+      const CandidateResult* winner = nullptr;
+      for (const CandidateResult& c : res.candidates)
+        if (c.correct && c.status == "ok" && (winner == nullptr || c.ms < winner->ms)) winner = &c;
+      if (winner == nullptr)
+        return Error::failure(fmt::format("{} of {}: no candidate compiled and passed the check", to_string(pass),
+                                          spec_hash(spec).substr(0, 8)));
+      res.chosen = winner->config;
+
+      TuningEntry e;
+      e.key = res.key;
+      e.config = res.chosen.to_json();
+      e.config_name = res.chosen.to_string();
+      e.method = res.method;
+      e.spec = to_json(spec);
+      for (const CandidateResult& c : res.candidates)
+        e.timings.push_back({c.config.to_json(), c.config.to_string(), c.ms, c.status});
+      entries.push_back(std::move(e));
+      results.push_back(std::move(res));
+    }
+    if (auto st = db_.store(entries); !st) return st.error();
+  }
+  return results;
+}
+
+}  // namespace lunajit

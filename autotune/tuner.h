@@ -1,0 +1,135 @@
+// Tuner: picks the tile config of each (spec, pass, shape bucket) and stores
+// the decision in the tuning database (cache/tuning_db.h).
+//
+// For each tunable pass (forward; backward once generated):
+//   1. candidates: search_space (valid configs deduplicated by the pass's
+//      effective knobs), optionally an evenly spaced sample (demo, tests);
+//   2. every candidate is compiled with NVRTC for the arch, in parallel on all
+//      cores (a candidate that can_implement accepts but NVRTC rejects is an
+//      error: a bug in the templates, not something to skip);
+//   3. correctness: the reference config (default_config) is checked against
+//      the double-precision reference, then every candidate's output against
+//      the reference config's, on the check backend at a small shape; a
+//      candidate that fails can never win;
+//   4. ranking at each requested shape: measured with the Timer when one is
+//      given ("measured"), else by the static cost model with the ptxas
+//      resources of step 2 ("model-ranked"); the fastest correct candidate
+//      wins, ties to the earlier candidate, so every rank of a job that tunes
+//      the same way picks the same config.
+// Shapes whose bucket is already in the database are served from it without
+// compiling anything (unless `retune`).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autotune/search_space.h"
+#include "autotune/timer.h"
+#include "autotune/validation.h"
+#include "cache/tuning_db.h"
+#include "codegen/gpu_specs.h"
+#include "codegen/launch_plan.h"
+#include "runtime/backend.h"
+#include "runtime/nvrtc_compiler.h"
+
+namespace lunajit {
+
+struct TuneProgress {
+  std::string stage;  // "compile", "check", "time"
+  Pass pass = Pass::forward;
+  size_t done = 0, total = 0;
+};
+
+struct TuneOptions {
+  Arch arch;
+  std::vector<ProblemShape> shapes;
+  std::vector<Pass> passes;       // empty: tunable_passes(spec, arch)
+  size_t max_candidates = 0;      // 0: the whole search space; else sample_space(.., n, default)
+  int threads = 0;                // compile/check workers; 0: std::thread::hardware_concurrency()
+  bool check = true;              // step 3 (off only for tests that look at compilation alone)
+  CheckOptions check_options{{1, 2, 70}, 7};  // the small shape of step 3
+  bool retune = false;            // ignore what the database holds
+  std::function<void(const TuneProgress&)> progress;
+  // Tests only: changes a candidate's check output before it is compared
+  // (to make a candidate wrong on purpose).
+  std::function<void(const TileConfig&, std::vector<double>&)> perturb_output;
+};
+
+// One candidate of one (pass, shape).
+struct CandidateResult {
+  TileConfig config;
+  double compile_seconds = 0;   // NVRTC (0 when cached)
+  bool compiled = false;
+  bool correct = false;         // passed step 3 (or step 3 was off)
+  double rel_rms = 0;           // against the reference config's output
+  double ms = 0;                // measured median or predicted
+  std::string status;           // "ok", "wrong output: ...", "compile failed: ...", "slow (rejected early)"
+};
+
+struct TuneResult {
+  Pass pass = Pass::forward;
+  ProblemShape shape;
+  TuningKey key;
+  TileConfig chosen;
+  std::string method;           // "measured" | "model-ranked"
+  bool from_db = false;
+  std::vector<CandidateResult> candidates;  // empty when from_db
+  double compile_wall_seconds = 0;  // step 2 for the pass (shared by its shapes)
+  double check_wall_seconds = 0;    // step 3
+  uint64_t nvrtc_compiles = 0;      // NVRTC invocations of step 2
+};
+
+class Tuner {
+ public:
+  // `check_backend` runs step 3 (the host backend without a GPU); `timer`
+  // (may be null) measures on `timing_backend` (a CudaBackend) in step 4;
+  // without both, step 4 uses the cost model on `gpu` (representative_gpu of
+  // the arch when null).
+  Tuner(TuningDb& db, Backend& check_backend, TuneOptions options, Timer* timer = nullptr,
+        Backend* timing_backend = nullptr, const GpuSpec* gpu = nullptr);
+
+  Result<std::vector<TuneResult>> tune(const AttentionSpec& spec);
+
+  // The candidates of (spec, pass) under these options (search space, sampled).
+  std::vector<TileConfig> candidates(const AttentionSpec& spec, Pass pass) const;
+
+ private:
+  TuningDb& db_;
+  Backend& check_backend_;
+  TuneOptions options_;
+  Timer* timer_;
+  Backend* timing_backend_;
+  const GpuSpec* gpu_;
+};
+
+// Compiles `configs` of (spec, pass) for `arch` with NVRTC on `threads`
+// workers (0: all cores). Each element: the compiled kernel or the error.
+std::vector<Result<CompiledKernel>> compile_candidates(const AttentionSpec& spec, Pass pass,
+                                                       const std::vector<TileConfig>& configs, const Arch& arch,
+                                                       int threads, const NvrtcOptions& options = {},
+                                                       const std::function<void(size_t done)>& on_done = {});
+
+// The database key of (spec, pass, shape).
+TuningKey tuning_key(const AttentionSpec& spec, Pass pass, const ProblemShape& shape);
+
+// The fingerprint of a GPU, and the stand-in without one: the arch's
+// representative product, driver "none".
+DeviceFingerprint model_fingerprint(const Arch& arch);
+
+// What a run-time lookup decided.
+struct ConfigChoice {
+  TileConfig config;
+  LookupKind from = LookupKind::none;  // none: default_config
+  std::string method;                  // the entry's method, or "default"
+};
+
+// The config to run (spec, pass) at `shape` with: the database's exact
+// bucket, else its nearest bucket, else default_config(spec, arch, pass). An
+// entry whose config no longer passes can_implement is ignored. Deterministic
+// for a given database file.
+ConfigChoice choose_config(const TuningDb& db, const AttentionSpec& spec, Pass pass, const ProblemShape& shape,
+                           const Arch& arch);
+
+}  // namespace lunajit
