@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <png.h>
@@ -179,7 +181,8 @@ int run(const std::string& cmd) {
 class ReportFiles : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::path(LUNAJIT_REPORT_TEST_DIR) / "default";
+    // One directory per process: ctest runs each test as its own process, in parallel.
+    dir_ = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("default-{}", ::getpid());
     fs::remove_all(dir_);
     ReportOptions opt;
     for (int sm : {80, 90, 100}) opt.archs.push_back(arch_from_sm(sm).value_or_throw());
@@ -189,6 +192,10 @@ class ReportFiles : public ::testing::Test {
     ASSERT_TRUE(r) << r.error().message;
     report_ = *r;
     ASSERT_TRUE(write_report(report_, dir_));
+  }
+  // Kept when a test failed, for a look at the files and the screenshot.
+  static void TearDownTestSuite() {
+    if (::testing::UnitTest::GetInstance()->current_test_suite()->Passed()) fs::remove_all(dir_);
   }
   static json report_;
   static fs::path dir_;
