@@ -180,7 +180,7 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
     // Step 2: NVRTC for the arch, all candidates in parallel.
     const uint64_t nvrtc_before = nvrtc_invocations();
     const auto t_compile = Clock::now();
-    auto compiled = compile_candidates(spec, pass, configs, arch, options_.threads, {},
+    auto compiled = compile_candidates(spec, pass, configs, arch, options_.threads, options_.nvrtc,
                                        [&](size_t d) { report("compile", d, configs.size()); });
     const double compile_wall = seconds_since(t_compile);
     const uint64_t nvrtc_compiles = nvrtc_invocations() - nvrtc_before;

@@ -51,6 +51,7 @@ struct TuneOptions {
   bool check = true;              // step 3 (off only for tests that look at compilation alone)
   CheckOptions check_options{{1, 2, 70}, 7};  // the small shape of step 3
   bool retune = false;            // ignore what the database holds
+  NvrtcOptions nvrtc;             // step 2's compile options (and binary cache)
   std::function<void(const TuneProgress&)> progress;
   // Tests only: changes a candidate's check output before it is compared
   // (to make a candidate wrong on purpose).
