@@ -24,6 +24,7 @@
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
 #include "report/render.h"
+#include "runtime/cuda/cuda_backend.h"
 
 namespace lunajit::report {
 namespace {
@@ -420,6 +421,32 @@ TEST_F(ReportFiles, HtmlRendersInHeadlessChromiumWithTheChartsDrawn) {
   // Between the charts there is nothing of the series colours (the gap is page background).
   EXPECT_EQ(count_color(img, kChartsLeft + kChartWidth + 1, kHeaderHeight, kChartGap - 2, kChartHeight,
                         kSeriesColors[1]), 0);
+}
+
+// ------------------------------------------------------------------ on a GPU
+TEST(ReportOnGpu, MeasuredTimesOfTheDevicesArch) {
+  auto gpu = CudaBackend::create();
+  if (!gpu) GTEST_SKIP() << "no GPU: " << gpu.error().message;
+  ReportOptions opt;
+  opt.archs = {(*gpu)->arch()};
+  opt.shapes = parse_shapes("2,8,1024").value_or_throw();
+  opt.measure_repeats = 3;
+  auto r = build_report(default_spec(Family::luna), opt);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ((*r)["machine"]["mode"], "measured");
+  int measured = 0;
+  for (const auto& k : (*r)["kernels"]) {
+    if (k["pass"] == "backward") continue;  // not measured yet
+    ASSERT_FALSE(k["measured"].is_null()) << k.dump();
+    ++measured;
+    const json& m = k["measured"];
+    EXPECT_GT(m["time_ms"].get<double>(), 0);
+    // The roofline is a bound: no kernel beats it by more than timing noise.
+    EXPECT_LT(m["roofline_fraction"].get<double>(), 1.2) << k.dump();
+    EXPECT_NEAR(m["gbps"].get<double>(), k["cost"]["bytes"].get<double>() / (m["time_ms"].get<double>() * 1e6),
+                1e-6 * m["gbps"].get<double>());
+  }
+  EXPECT_GE(measured, 3);
 }
 
 // ------------------------------------------------------------------ CLI and compare
