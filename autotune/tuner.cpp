@@ -311,9 +311,13 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       const CandidateResult* winner = nullptr;
       for (const CandidateResult& c : res.candidates)
         if (c.correct && c.status == "ok" && (winner == nullptr || c.ms < winner->ms)) winner = &c;
-      if (winner == nullptr)
-        return Error::failure(fmt::format("{} of {}: no candidate compiled and passed the check", to_string(pass),
-                                          spec_hash(spec).substr(0, 8)));
+      if (winner == nullptr) {
+        std::string why;
+        for (size_t i = 0; i < res.candidates.size() && i < 3; ++i)
+          why += fmt::format("\n  {}: {}", res.candidates[i].config.to_string(), res.candidates[i].status);
+        return Error::failure(fmt::format("{} of {}: no candidate compiled and passed the check{}", to_string(pass),
+                                          spec_hash(spec).substr(0, 8), why));
+      }
       res.chosen = winner->config;
 
       TuningEntry e;
