@@ -1,13 +1,15 @@
 // The op's dispatch, its input checks, and the kernel paths: an autograd
-// Function whose forward runs the generated kernels through AttentionRunner
-// (host emulation for CPU tensors, NVRTC/CUDA for CUDA tensors) and whose
-// backward is the seam the backward kernels plug into.
+// Function whose forward and backward run the generated kernels through
+// AttentionRunner (host emulation for CPU tensors, NVRTC/CUDA for CUDA tensors);
+// with options.kernel_backward = false the backward recomputes the forward with
+// the ATen path and differentiates it instead.
 //
-// Runners are cached per (device, spec, tile config): creating one generates and
+// Runners are cached per (device, spec, tile config, pass): creating one generates and
 // loads (JIT-compiles, through the binary cache) the kernels, seconds on the host.
 // A runner owns a workspace, so each is used under its own mutex.
 //
-// Tuning: the CUDA path takes options.config, else default_config(spec, arch).
+// Tuning: the kernel paths take options.config, else default_config(spec, arch,
+// pass) (sm_90's limits for the host emulator).
 // TODO(tuning DB): look the config up in cache/tuning_db.h by (spec hash, pass,
 // shape bucket) once that lookup lands, falling back to default_config.
 #include "torch_binding/linear_attention.h"
@@ -17,6 +19,7 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "codegen/feature_params.h"
 #include "runtime/attention_runner.h"
@@ -60,16 +63,17 @@ struct RunnerSlot {
 
 // The runner of (backend, spec, config), created on first use.
 RunnerSlot& runner_slot(Backend& backend, const std::string& device_key, const AttentionSpec& spec,
-                        const TileConfig& config) {
+                        const TileConfig& config, Pass pass) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<RunnerSlot>> slots;
-  const std::string key = device_key + "|" + canonical_json(spec) + "|" + config.to_string();
+  const std::string key =
+      device_key + "|" + canonical_json(spec) + "|" + config.to_string() + "|" + std::string(to_string(pass));
   std::lock_guard lock(mutex);
   auto& slot = slots[key];
   if (!slot) {
-    auto runner = AttentionRunner::create(backend, spec, config, Pass::forward);
-    TORCH_CHECK(runner.ok(), "linear_attention: could not build the ", std::string(to_string(spec.family)),
-                " kernels for ", device_key, " (config ", config.to_string(), "): ", runner.error().message);
+    auto runner = AttentionRunner::create(backend, spec, config, pass);
+    TORCH_CHECK(runner.ok(), "linear_attention: could not build the ", std::string(to_string(spec.family)), " ",
+                std::string(to_string(pass)), " kernels for ", device_key, " (config ", config.to_string(), "): ", runner.error().message);
     auto s = std::make_unique<RunnerSlot>();
     s->runner = std::make_unique<AttentionRunner>(std::move(runner).value());
     slot = std::move(s);
@@ -82,29 +86,28 @@ Backend& host_backend() {
   return *backend;
 }
 
-TileConfig host_config(const AttentionSpec& spec, const LinearAttentionOptions& opts) {
+TileConfig host_config(const AttentionSpec& spec, const LinearAttentionOptions& opts, Pass pass) {
   if (opts.config) return *opts.config;
   // The host emulator has no arch of its own; sm_90's limits are the ones the
   // host tests run the kernels under.
   static const Arch sm90 = arch_from_sm(90).value_or_throw();
-  return default_config(spec, sm90);
+  return default_config(spec, sm90, pass);
 }
 
 TensorRef tensor_ref(const Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
-
-// o = the forward kernels of `slot` on q, k, v (already checked: spec dtype, unit
-// stride in dim, same device as the backend's memory).
-Tensor run_forward_kernels(RunnerSlot& slot, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
-                           const AttentionSpec& spec, AttentionPath path) {
-  const ProblemShape shape{static_cast<int>(q.size(0)), static_cast<int>(q.size(2)), static_cast<int>(q.size(1))};
-  Tensor o = torch::empty({q.size(0), q.size(1), q.size(2), spec.value_dim}, q.options());
-  const MutableTensorRef oref{o.data_ptr(), o.stride(0), o.stride(1), o.stride(2)};
-  const DevicePtr p = params.numel() ? reinterpret_cast<DevicePtr>(params.data_ptr()) : DevicePtr(0);
-  std::lock_guard lock(slot.mutex);
-  const Status st = slot.runner->forward(shape, tensor_ref(q), tensor_ref(k), tensor_ref(v), oref, p);
-  TORCH_CHECK(st.ok(), "linear_attention (", std::string(to_string(path)), "): ", st.error().message);
-  return o;
+MutableTensorRef mutable_ref(const Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
+DevicePtr device_ptr(const Tensor& t) { return t.numel() ? reinterpret_cast<DevicePtr>(t.data_ptr()) : DevicePtr(0); }
+ProblemShape problem_shape(const Tensor& q) {
+  return {static_cast<int>(q.size(0)), static_cast<int>(q.size(2)), static_cast<int>(q.size(1))};
 }
+
+// Where kernels of one call run: the backend, the runner-cache key of its
+// device, and (CUDA) the stream handshake around the launches.
+struct KernelTarget {
+  Backend* backend = nullptr;
+  std::string device_key;
+  std::optional<Arch> arch;  // nullopt: the host emulator (sm_90 limits)
+};
 
 #if LUNAJIT_TORCH_CUDA
 CudaBackend& cuda_backend(int device_index) {
@@ -119,47 +122,96 @@ CudaBackend& cuda_backend(int device_index) {
   }
   return *b;
 }
+#endif
 
-// CudaBackend launches on the legacy default stream (runtime/cuda/cuda_backend.h),
-// which orders with LibTorch's default stream but not with its pool streams
-// (created non-blocking). On another current stream we wait for it before the
-// launches and for the kernels after them.
+KernelTarget kernel_target(AttentionPath path, const Tensor& q) {
+  if (path == AttentionPath::host_kernels) return {&host_backend(), "host", std::nullopt};
+#if LUNAJIT_TORCH_CUDA
+  CudaBackend& b = cuda_backend(q.device().index());
+  return {&b, q.device().str(), b.arch()};
+#else
+  TORCH_CHECK(false, "linear_attention: the cuda_kernels path is not compiled in (LibTorch without CUDA)");
+  return {};
+#endif
+}
+
+TileConfig kernel_config(const KernelTarget& target, const AttentionSpec& spec, const LinearAttentionOptions& opts,
+                         Pass pass) {
+  if (opts.config) return *opts.config;
+  if (!target.arch) return host_config(spec, opts, pass);
+  return default_config(spec, *target.arch, pass);  // TODO(tuning DB): see the file comment
+}
+
+// Runs `launch` on the target. On CUDA: under the tensor's device guard, and
+// ordered with LibTorch's current stream. CudaBackend launches on the legacy
+// default stream (runtime/cuda/cuda_backend.h), which orders with LibTorch's
+// default stream but not with its pool streams (created non-blocking): on such a
+// current stream we wait for it before the launches and for the kernels after.
 // TODO(runtime): a stream argument on Backend::launch, to launch on the current
 // stream directly without the two synchronizations.
-Tensor cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params, const AttentionSpec& spec,
-                    const LinearAttentionOptions& opts) {
+template <class Launch>
+void run_on(const KernelTarget& target, AttentionPath path, const Tensor& q, Launch&& launch) {
+  auto check = [&](const Status& st) {
+    TORCH_CHECK(st.ok(), "linear_attention (", std::string(to_string(path)), "): ", st.error().message);
+  };
+  if (path == AttentionPath::host_kernels) {
+    check(launch());
+    return;
+  }
+#if LUNAJIT_TORCH_CUDA
   const c10::cuda::CUDAGuard guard(q.device());
-  CudaBackend& backend = cuda_backend(q.device().index());
-  const TileConfig config = opts.config ? *opts.config : default_config(spec, backend.arch());
-  RunnerSlot& slot = runner_slot(backend, q.device().str(), spec, config);
   const auto stream = at::cuda::getCurrentCUDAStream(q.device().index());
   const bool default_stream = stream == at::cuda::getDefaultCUDAStream(q.device().index());
   if (!default_stream) stream.synchronize();
-  Tensor o = run_forward_kernels(slot, q, k, v, params, spec, AttentionPath::cuda_kernels);
-  if (!default_stream) {
-    const Status st = backend.synchronize();
-    TORCH_CHECK(st.ok(), "linear_attention (cuda_kernels): ", st.error().message);
-  }
+  check(launch());
+  if (!default_stream) check(target.backend->synchronize());
+#endif
+}
+
+// o = the forward kernels on q, k, v (already checked: spec dtype, unit stride in
+// dim, the target's device).
+Tensor forward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
+                       const AttentionSpec& spec, const LinearAttentionOptions& opts) {
+  const KernelTarget target = kernel_target(path, q);
+  RunnerSlot& slot =
+      runner_slot(*target.backend, target.device_key, spec, kernel_config(target, spec, opts, Pass::forward),
+                  Pass::forward);
+  Tensor o = torch::empty({q.size(0), q.size(1), q.size(2), spec.value_dim}, q.options());
+  run_on(target, path, q, [&] {
+    std::lock_guard lock(slot.mutex);
+    return slot.runner->forward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
+                                device_ptr(params));
+  });
   return o;
 }
-#endif
+
+// {dq, dk, dv, dparams} from the backward kernels (Pass::backward). dparams is
+// fp32 shaped like params; zero for fixed tensors and parameter-free families.
+variable_list backward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                               const Tensor& params, const Tensor& dout, const AttentionSpec& spec,
+                               const LinearAttentionOptions& opts) {
+  const KernelTarget target = kernel_target(path, q);
+  RunnerSlot& slot =
+      runner_slot(*target.backend, target.device_key, spec, kernel_config(target, spec, opts, Pass::backward),
+                  Pass::backward);
+  Tensor dq = torch::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, q.options());
+  Tensor dk = torch::empty({k.size(0), k.size(1), k.size(2), k.size(3)}, k.options());
+  Tensor dv = torch::empty({v.size(0), v.size(1), v.size(2), v.size(3)}, v.options());
+  Tensor dparams = torch::zeros_like(params, torch::MemoryFormat::Contiguous);
+  run_on(target, path, q, [&] {
+    std::lock_guard lock(slot.mutex);
+    return slot.runner->backward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), tensor_ref(o),
+                                 tensor_ref(dout), mutable_ref(dq), mutable_ref(dk), mutable_ref(dv),
+                                 device_ptr(params), device_ptr(dparams));
+  });
+  return {dq, dk, dv, dparams};
+}
 
 // ---- gradients -------------------------------------------------------------
 
-// The seam for the backward kernels: returns {dq, dk, dv, dparams} from the
-// generated Pass::backward kernels once AttentionRunner::backward exists, and
-// nullopt until then (the caller falls back to the ATen recomputation).
-// TODO(backward kernels): create a Pass::backward runner for (spec, config) next
-// to the forward one and call it here; saved forward state (performer key stab)
-// goes through ctx->saved_data.
-std::optional<variable_list> kernel_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
-                                             const AttentionSpec& spec, const Tensor& grad_out, AttentionPath path) {
-  return std::nullopt;
-}
-
 // Gradients by recomputing the forward with the ATen path (any device) and
 // differentiating it: exact for the function the kernels compute, up to fp32
-// rounding order.
+// rounding order. Used when options.kernel_backward is false.
 variable_list aten_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
                             const AttentionSpec& spec, const Tensor& grad_out, int64_t chunk,
                             const std::array<bool, 4>& needs) {
@@ -189,19 +241,14 @@ class KernelLinearAttention : public torch::autograd::Function<KernelLinearAtten
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
                         const AttentionSpec& spec, const LinearAttentionOptions& opts, AttentionPath path) {
-    ctx->save_for_backward({q, k, v, params});
+    Tensor o = forward_kernels(path, q, k, v, params, spec, opts);
+    ctx->save_for_backward({q, k, v, params, o});
     ctx->saved_data["spec"] = canonical_json(spec);
     ctx->saved_data["chunk"] = opts.chunk;
     ctx->saved_data["path"] = static_cast<int64_t>(path);
-    if (path == AttentionPath::host_kernels) {
-      RunnerSlot& slot = runner_slot(host_backend(), "host", spec, host_config(spec, opts));
-      return run_forward_kernels(slot, q, k, v, params, spec, path);
-    }
-#if LUNAJIT_TORCH_CUDA
-    return cuda_forward(q, k, v, params, spec, opts);
-#else
-    TORCH_CHECK(false, "linear_attention: the cuda_kernels path is not compiled in (LibTorch without CUDA)");
-#endif
+    ctx->saved_data["kernel_backward"] = opts.kernel_backward;
+    ctx->saved_data["config"] = opts.config ? opts.config->to_json().dump() : std::string();
+    return o;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -209,12 +256,18 @@ class KernelLinearAttention : public torch::autograd::Function<KernelLinearAtten
     const AttentionSpec spec = spec_from_string(ctx->saved_data["spec"].toStringRef()).value_or_throw();
     const auto path = static_cast<AttentionPath>(ctx->saved_data["path"].toInt());
     const Tensor grad = grad_outputs[0].contiguous();
+    const std::array<bool, 4> needs{ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2),
+                                    ctx->needs_input_grad(3)};
     variable_list grads;
-    if (auto g = kernel_backward(saved[0], saved[1], saved[2], saved[3], spec, grad, path)) {
-      grads = std::move(*g);
+    if (ctx->saved_data["kernel_backward"].toBool()) {
+      LinearAttentionOptions opts;
+      if (const std::string& c = ctx->saved_data["config"].toStringRef(); !c.empty())
+        opts.config = tile_config_from_string(c, TileConfig()).value_or_throw();
+      grads = backward_kernels(path, saved[0], saved[1], saved[2], saved[4], saved[3], grad, spec, opts);
+      for (int i = 0; i < 4; ++i)
+        if (!needs[i]) grads[i] = Tensor();
+      if (grads[3].defined()) grads[3] = grads[3].to(saved[3].scalar_type());
     } else {
-      const std::array<bool, 4> needs{ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2),
-                                      ctx->needs_input_grad(3)};
       grads = aten_backward(saved[0], saved[1], saved[2], saved[3], spec, grad, ctx->saved_data["chunk"].toInt(),
                             needs);
     }

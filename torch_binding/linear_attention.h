@@ -16,14 +16,13 @@
 //                 any device, any floating dtype (fp16/bf16 inputs computed in
 //                 fp32, fp64 in fp64); gradients by LibTorch autograd.
 //   host_kernels  CPU tensors through the generated kernels on the host
-//                 emulation backend (AttentionRunner). Forward only so far: the
-//                 backward kernels (Pass::backward) are not wired in yet, so the
-//                 gradient is computed by recomputing the forward with the ATen
-//                 path (see kernel_backward in linear_attention.cpp, the seam
-//                 where AttentionRunner::backward plugs in).
+//                 emulation backend (AttentionRunner): forward kernels, and the
+//                 backward kernels (Pass::backward) for every gradient; with
+//                 kernel_backward = false the gradient instead recomputes the
+//                 forward with the ATen path and differentiates it.
 //   cuda_kernels  CUDA tensors through the NVRTC-compiled kernels on the
 //                 tensor's device; compiled only when LibTorch has CUDA
-//                 (LUNAJIT_TORCH_CUDA). Same gradient fallback as host_kernels.
+//                 (LUNAJIT_TORCH_CUDA). Same backward choice as host_kernels.
 //   automatic     cuda_kernels for CUDA tensors (when compiled in), else aten.
 // Kernel paths need the tensors in spec.dtype and fp32 params.
 #pragma once
@@ -48,9 +47,12 @@ struct LinearAttentionOptions {
   // Reject q, k, v holding NaN or Inf: one reduction per tensor and, on a GPU, a
   // device synchronization, so off by default.
   bool check_finite = false;
-  // Kernel paths: the tile config; unset = default_config(spec, arch) (see the
-  // note on tuning in linear_attention.cpp).
+  // Kernel paths: the tile config of both passes; unset = default_config(spec,
+  // arch, pass) (see the note on tuning in linear_attention.cpp).
   std::optional<TileConfig> config;
+  // Kernel paths: gradients from the backward kernels (true) or from the ATen
+  // recomputation (false; slower on a GPU, a cross-check and a fallback).
+  bool kernel_backward = true;
 };
 
 // The op (see the file comment). Differentiable in q, k, v and feature_params.

@@ -1,0 +1,404 @@
+// lunajit::linear_attention against (1) LibTorch autograd through the plain
+// composition of tests/torch_binding/plain_composition.h (fp32, forward and the
+// gradients of q, k, v and the parameters), (2) the double-precision reference
+// (fp64 inputs), (3) central finite differences in fp64 (LibTorch C++ has no
+// torch::autograd::gradcheck, so gradcheck() below is the same check by hand),
+// (4) the host-emulated kernels (forward and backward kernels); and each bad
+// input the op promises to reject.
+//
+// Tolerances (atol + rtol * max|ref|): fp32 against fp32 composition 2e-5 +
+// 2e-4 (different summation orders over n * D terms of O(1) values); fp64
+// against the reference 1e-9 (both double, only the order of sums differs);
+// finite differences h = 1e-6 with 1e-6 + 1e-4 relative (truncation error h^2
+// and rounding 1e-16 / h); kernels fp32 1e-4 + 1e-3 (fp32 kernels vs fp32 ATen).
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "codegen/feature_params.h"
+#include "plain_composition.h"
+#include "reference/reference.h"
+#include "torch_binding/linear_attention.h"
+
+#if LUNAJIT_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace lunajit {
+namespace {
+
+using torch::Tensor;
+
+// Small specs of every family (and the luna variants), head_dim d, value_dim dv.
+std::vector<std::pair<std::string, AttentionSpec>> small_specs(int d, int dv) {
+  const std::vector<std::pair<std::string, std::string>> fam = {
+      {"luna", R"("luna": {"projections": 3, "channels": 2, "mlp_width": 5})"},
+      {"luna_perchannel_gelu_softplus",
+       R"("luna": {"projections": 2, "channels": 3, "mlp_width": 4, "shared_channels": false, "activation": "gelu", "output_activation": "softplus"})"},
+      {"luna_envelope_silu", R"("luna": {"projections": 2, "channels": 2, "mlp_width": 4, "envelope": true, "activation": "silu", "output_activation": "none"})"},
+      {"luna_bank_coef", R"("luna": {"projections": 2, "channels": 8, "variant": "bank_coef"})"},
+      {"luna_rff", R"("luna": {"projections": 3, "channels": 2, "variant": "rff"}, "normalize": false)"},
+      {"performer", R"("performer": {"features": 6})"},
+      {"rff", R"("rff": {"features": 5}, "normalize": false)"},
+      {"elu", ""},
+      {"relu", ""},
+      {"t2r", R"("t2r": {"features": 7})"},
+      {"hedgehog", R"("hedgehog": {"features": 8})"},
+      {"cosformer", ""},
+      {"slay", R"("slay": {"nodes": 2, "anchors": 3, "prf_features": 4})"}};
+  std::vector<std::pair<std::string, AttentionSpec>> out;
+  for (const auto& [name, extra] : fam) {
+    const std::string family = name.substr(0, name.find('_') == std::string::npos ? name.size() : name.find('_'));
+    const std::string json = fmt::format(R"({{"family": "{}", "head_dim": {}, "value_dim": {}, "dtype": "fp32"{}{}}})",
+                                         family, d, dv, extra.empty() ? "" : ", ", extra);
+    auto spec = spec_from_string(json);
+    EXPECT_TRUE(spec.ok()) << json << ": " << (spec.ok() ? "" : spec.error().message);
+    if (spec.ok()) out.emplace_back(name, *spec);
+  }
+  return out;
+}
+
+struct Case {
+  std::string name;
+  AttentionSpec spec;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Every small spec x causal x params per head / shared.
+std::vector<Case> all_cases(int d, int dv) {
+  std::vector<Case> out;
+  for (const auto& [name, base] : small_specs(d, dv))
+    for (bool causal : {false, true})
+      for (bool per_head : {true, false}) {
+        AttentionSpec s = base;
+        s.causal = causal;
+        s.params_per_head = per_head;
+        out.push_back({fmt::format("{}_{}_{}", name, causal ? "causal" : "full", per_head ? "perhead" : "shared"), s});
+      }
+  return out;
+}
+
+struct Inputs {
+  Tensor q, k, v, params, dout;
+};
+
+Inputs random_inputs(const AttentionSpec& spec, int B, int N, int H, torch::ScalarType dtype, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto opt = torch::TensorOptions().dtype(dtype);
+  Inputs in;
+  in.q = torch::randn({B, N, H, spec.head_dim}, opt);
+  in.k = torch::randn({B, N, H, spec.head_dim}, opt);
+  in.v = torch::randn({B, N, H, spec.value_dim}, opt);
+  in.dout = torch::randn({B, N, H, spec.value_dim}, opt);
+  in.params = init_feature_params(spec, H, seed).to(dtype);
+  return in;
+}
+
+// max |a - b| <= atol + rtol * max |b|
+void expect_close(const Tensor& a, const Tensor& b, double atol, double rtol, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  if (b.numel() == 0) return;
+  const double err = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+  const double scale = b.numel() ? b.to(torch::kDouble).abs().max().item<double>() : 0.0;
+  EXPECT_LE(err, atol + rtol * scale) << what << ": max abs error " << err << ", max |ref| " << scale;
+}
+
+// {o, dq, dk, dv, dparams} of fn on leaves copied from `in`, for upstream dout.
+std::vector<Tensor> value_and_grads(const Inputs& in,
+                                    const std::function<Tensor(Tensor, Tensor, Tensor, Tensor)>& fn) {
+  std::vector<Tensor> leaves = {in.q.clone().requires_grad_(), in.k.clone().requires_grad_(),
+                                in.v.clone().requires_grad_(), in.params.clone().requires_grad_(in.params.numel() > 0)};
+  const Tensor o = fn(leaves[0], leaves[1], leaves[2], leaves[3]);
+  (o * in.dout).sum().backward();
+  std::vector<Tensor> out{o.detach()};
+  for (auto& l : leaves) out.push_back(l.grad().defined() ? l.grad() : torch::zeros_like(l));
+  return out;
+}
+
+const char* kNames[] = {"o", "dq", "dk", "dv", "dparams"};
+
+class LinearAttentionOp : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LinearAttentionOp, MatchesPlainCompositionAutograd) {
+  const AttentionSpec& spec = GetParam().spec;
+  const Inputs in = random_inputs(spec, 2, 7, 2, torch::kFloat, 1);
+  LinearAttentionOptions opt;
+  opt.chunk = 3;  // 7 tokens: three chunks, the last one partial
+  const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, opt);
+  });
+  const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return testing::plain_linear_attention(q, k, v, p, spec);
+  });
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 2e-5, 2e-4, kNames[i]);
+}
+
+TEST_P(LinearAttentionOp, MatchesDoubleReference) {
+  const AttentionSpec& spec = GetParam().spec;
+  const int B = 2, N = 6, H = 2;
+  const Inputs in = random_inputs(spec, B, N, H, torch::kDouble, 2);
+  LinearAttentionOptions opt;
+  opt.chunk = 4;
+  const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, opt);
+  });
+  auto vec = [](const Tensor& t) {
+    const Tensor c = t.contiguous();
+    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  };
+  const reference::AttentionShape shape{B, N, H};
+  const auto q = vec(in.q), k = vec(in.k), v = vec(in.v), p = vec(in.params), dout = vec(in.dout);
+  auto fwd = reference::linear_attention_forward(spec, shape, q, k, v, p);
+  ASSERT_TRUE(fwd.ok()) << fwd.error().message;
+  auto bwd = reference::linear_attention_backward(spec, shape, q, k, v, p, dout);
+  ASSERT_TRUE(bwd.ok()) << bwd.error().message;
+  auto as_tensor = [](const std::vector<double>& x, const Tensor& like) {
+    return torch::from_blob(const_cast<double*>(x.data()), like.sizes(), torch::kDouble).clone();
+  };
+  expect_close(got[0], as_tensor(fwd->out, got[0]), 1e-9, 1e-9, "o");
+  expect_close(got[1], as_tensor(bwd->dq, got[1]), 1e-9, 1e-9, "dq");
+  expect_close(got[2], as_tensor(bwd->dk, got[2]), 1e-9, 1e-9, "dk");
+  expect_close(got[3], as_tensor(bwd->dv, got[3]), 1e-9, 1e-9, "dv");
+  if (in.params.numel()) expect_close(got[4], as_tensor(bwd->dparams, got[4]), 1e-9, 1e-9, "dparams");
+}
+
+// 1 where the flat parameter buffer holds a learned tensor, 0 for fixed ones.
+Tensor learned_mask(const AttentionSpec& spec, int64_t heads) {
+  const ParamLayout layout = param_layout(spec);
+  Tensor block = torch::zeros({layout.per_head_floats}, torch::kDouble);
+  for (const auto& t : layout.tensors)
+    if (t.learned) block.narrow(0, t.offset, t.numel()).fill_(1.0);
+  return block.repeat({spec.params_per_head ? heads : 1});
+}
+
+// Central finite differences of sum(dout * f) in fp64 against autograd, for
+// every input element (the shapes are tiny). Fixed parameter entries are not
+// perturbed: their gradient must be exactly zero (stop-gradient by contract).
+void gradcheck(const std::function<Tensor(Tensor, Tensor, Tensor, Tensor)>& fn, const Inputs& in,
+               const Tensor& param_mask) {
+  const auto analytic = value_and_grads(in, fn);
+  const double h = 1e-6;
+  torch::NoGradGuard no_grad;
+  const Tensor base[4] = {in.q, in.k, in.v, in.params};
+  for (int i = 0; i < 4; ++i) {
+    if (base[i].numel() == 0) continue;
+    Tensor numeric = torch::zeros_like(base[i]);
+    for (int64_t j = 0; j < base[i].numel(); ++j) {
+      if (i == 3 && param_mask[j].item<double>() == 0) continue;
+      Tensor x[4] = {base[0].clone(), base[1].clone(), base[2].clone(), base[3].clone()};
+      auto flat = x[i].view({-1});
+      const double x0 = flat[j].item<double>();
+      flat[j] = x0 + h;
+      const double fp = (fn(x[0], x[1], x[2], x[3]) * in.dout).sum().item<double>();
+      flat[j] = x0 - h;
+      const double fm = (fn(x[0], x[1], x[2], x[3]) * in.dout).sum().item<double>();
+      numeric.view({-1})[j] = (fp - fm) / (2 * h);
+    }
+    expect_close(analytic[i + 1], numeric, 1e-6, 1e-4, std::string("gradcheck ") + kNames[i + 1]);
+  }
+}
+
+TEST_P(LinearAttentionOp, GradcheckDouble) {
+  AttentionSpec spec = GetParam().spec;
+  if (spec.family == Family::performer) {
+    // Stop-gradient stabilizers equal the true gradient only where they cancel
+    // exactly: no kernel_eps, negligible eps (reference/feature_map.h).
+    spec.performer.kernel_eps = 0;
+    spec.eps = 1e-12;
+  }
+  const Inputs in = random_inputs(spec, 1, 5, 2, torch::kDouble, 3);
+  LinearAttentionOptions opt;
+  opt.chunk = 2;
+  gradcheck([&](Tensor q, Tensor k, Tensor v, Tensor p) { return linear_attention(q, k, v, p, spec, opt); }, in,
+            learned_mask(spec, 2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LinearAttentionOp, ::testing::ValuesIn(all_cases(4, 3)),
+                         [](const auto& info) { return info.param.name; });
+
+// The host-emulated kernels against the ATen path: forward, and the gradients of
+// the backward kernels. Per head params only (the shared case runs the same
+// kernels with another block offset), d = dv = 8.
+class HostKernelPath : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HostKernelPath, MatchesAtenPath) {
+  const AttentionSpec& spec = GetParam().spec;
+  const Inputs in = random_inputs(spec, 2, 19, 2, torch::kFloat, 4);
+  LinearAttentionOptions host;
+  host.path = AttentionPath::host_kernels;
+  LinearAttentionOptions aten_opt;
+  aten_opt.path = AttentionPath::aten;
+  const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, host);
+  });
+  const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, aten_opt);
+  });
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 1e-4, 1e-3, std::string("host kernels ") + kNames[i]);
+}
+
+TEST_P(HostKernelPath, StridedFusedQkvSlices) {
+  // q, k, v as slices of one fused [B, N, H, 2d + dv] projection, no copy.
+  const AttentionSpec& spec = GetParam().spec;
+  const Inputs in = random_inputs(spec, 2, 9, 2, torch::kFloat, 5);
+  const int64_t d = spec.head_dim;
+  const Tensor fused = torch::cat({in.q, in.k, in.v}, 3);
+  LinearAttentionOptions host;
+  host.path = AttentionPath::host_kernels;
+  const Tensor o = linear_attention(fused.narrow(3, 0, d), fused.narrow(3, d, d), fused.narrow(3, 2 * d, spec.value_dim),
+                                    in.params, spec, host);
+  expect_close(o, linear_attention(in.q, in.k, in.v, in.params, spec), 1e-4, 1e-3, "fused qkv o");
+}
+
+std::vector<Case> kernel_cases() {
+  std::vector<Case> out;
+  for (auto& c : all_cases(8, 8))
+    if (c.spec.params_per_head) out.push_back(c);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HostKernelPath, ::testing::ValuesIn(kernel_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(HostKernelPath, AtenGradientFallbackMatches) {
+  const AttentionSpec spec = small_specs(8, 8).front().second;  // luna
+  const Inputs in = random_inputs(spec, 1, 10, 2, torch::kFloat, 6);
+  LinearAttentionOptions fallback;
+  fallback.path = AttentionPath::host_kernels;
+  fallback.kernel_backward = false;
+  const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, fallback);
+  });
+  const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec);
+  });
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 1e-4, 1e-3, kNames[i]);
+}
+
+// ---- bad inputs ------------------------------------------------------------
+
+void expect_rejected(const std::function<void()>& fn, const std::string& message) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected an error containing: " << message;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos)
+        << "message: " << e.what_without_backtrace() << "\nexpected to contain: " << message;
+  }
+}
+
+class BadInputs : public ::testing::Test {
+ protected:
+  AttentionSpec spec = small_specs(8, 8).front().second;  // luna, fp32
+  Inputs in = random_inputs(spec, 2, 5, 2, torch::kFloat, 7);
+  Tensor run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p, LinearAttentionOptions o = {}) {
+    return linear_attention(q, k, v, p, spec, o);
+  }
+};
+
+TEST_F(BadInputs, ShapesAreNamed) {
+  expect_rejected([&] { run(in.q[0], in.k, in.v, in.params); }, "q must be 4-D [batch, seq, heads, head_dim]");
+  expect_rejected([&] { run(in.q, in.k.narrow(3, 0, 4), in.v, in.params); }, "k.size(3) = 4 but the spec's head_dim is 8");
+  expect_rejected([&] { run(in.q, in.k, in.v.narrow(3, 0, 4), in.params); }, "v.size(3) = 4 but the spec's value_dim is 8");
+  expect_rejected([&] { run(in.q, in.k.narrow(1, 0, 3), in.v, in.params); }, "k has [batch, seq, heads]");
+  expect_rejected([&] { run(in.q, in.k, in.v.narrow(2, 0, 1), in.params); }, "v has [batch, seq, heads]");
+}
+
+TEST_F(BadInputs, DtypesAreNamed) {
+  expect_rejected([&] { run(in.q.to(torch::kInt), in.k, in.v, in.params); }, "q must be a floating-point tensor");
+  expect_rejected([&] { run(in.q, in.k.to(torch::kDouble), in.v, in.params); }, "k has dtype Double but q has Float");
+  LinearAttentionOptions host;
+  host.path = AttentionPath::host_kernels;
+  AttentionSpec bf16 = spec;
+  bf16.dtype = DType::bf16;
+  expect_rejected([&] { linear_attention(in.q, in.k, in.v, in.params, bf16, host); },
+                  "q has dtype Float but the spec's dtype is bf16");
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params.to(torch::kDouble), host); },
+                  "feature_params must be float32 on path host_kernels");
+}
+
+TEST_F(BadInputs, LayoutIsNamed) {
+  const Tensor wide = torch::randn({2, 5, 2, 16});
+  expect_rejected([&] { run(in.q, wide.slice(3, 0, 16, 2), in.v, in.params); },
+                  "k must have unit stride in its last (feature) dim, got stride 2");
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params.view({2, -1}).t().contiguous().t()); },
+                  "feature_params must be 1-D");
+}
+
+TEST_F(BadInputs, SpecParameterMismatchIsNamed) {
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params.narrow(0, 0, in.params.numel() - 1)); },
+                  "feature_params has");
+  expect_rejected([&] { run(in.q, in.k, in.v, Tensor()); }, "feature_params is undefined; family luna needs");
+  AttentionSpec elu = spec;
+  elu.family = Family::elu;
+  expect_rejected([&] { linear_attention(in.q, in.k, in.v, in.params, elu); },
+                  "feature_params: family elu has no parameters");
+  AttentionSpec shared = spec;
+  shared.params_per_head = false;
+  expect_rejected([&] { linear_attention(in.q, in.k, in.v, in.params, shared); }, "shared block");
+  AttentionSpec bad = spec;
+  bad.head_dim = 0;
+  expect_rejected([&] { linear_attention(in.q, in.k, in.v, in.params, bad); }, "linear_attention: spec: head_dim");
+}
+
+TEST_F(BadInputs, DevicesAndPaths) {
+  LinearAttentionOptions cuda;
+  cuda.path = AttentionPath::cuda_kernels;
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params, cuda); }, "path cuda_kernels needs CUDA tensors");
+  LinearAttentionOptions chunk;
+  chunk.chunk = 0;
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params, chunk); }, "options.chunk must be >= 1");
+}
+
+TEST_F(BadInputs, NonFiniteWhenAsked) {
+  Tensor q = in.q.clone();
+  q[0][1][0][2] = std::numeric_limits<float>::quiet_NaN();
+  LinearAttentionOptions strict;
+  strict.check_finite = true;
+  expect_rejected([&] { run(q, in.k, in.v, in.params, strict); }, "q contains NaN or Inf");
+  EXPECT_NO_THROW(run(q, in.k, in.v, in.params));  // unchecked by default
+}
+
+// ---- GPU -------------------------------------------------------------------
+
+TEST(GpuKernelPath, MatchesAtenPathOnCuda) {
+  if (!cuda_kernels_available()) GTEST_SKIP() << "no CUDA GPU / Torch built without CUDA";
+  for (const Case& c : kernel_cases()) {
+    SCOPED_TRACE(c.name);
+    Inputs in = random_inputs(c.spec, 2, 33, 2, torch::kFloat, 8);
+    for (Tensor* t : {&in.q, &in.k, &in.v, &in.params, &in.dout}) *t = t->to(torch::kCUDA);
+    const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+      return linear_attention(q, k, v, p, c.spec);  // automatic: cuda_kernels
+    });
+    LinearAttentionOptions aten_opt;
+    aten_opt.path = AttentionPath::aten;
+    const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+      return linear_attention(q, k, v, p, c.spec, aten_opt);
+    });
+    for (int i = 0; i < 5; ++i) expect_close(got[i].cpu(), want[i].cpu(), 1e-4, 1e-3, std::string("cuda ") + kNames[i]);
+  }
+}
+
+TEST(GpuKernelPath, Bf16OnANonDefaultStream) {
+  if (!cuda_kernels_available()) GTEST_SKIP() << "no CUDA GPU / Torch built without CUDA";
+  AttentionSpec spec = small_specs(64, 64).front().second;
+  spec.dtype = DType::bf16;
+  Inputs in = random_inputs(spec, 2, 257, 4, torch::kFloat, 9);
+  const Tensor q = in.q.to(torch::kCUDA, torch::kBFloat16), k = in.k.to(torch::kCUDA, torch::kBFloat16),
+               v = in.v.to(torch::kCUDA, torch::kBFloat16), p = in.params.to(torch::kCUDA);
+  LinearAttentionOptions aten_opt;
+  aten_opt.path = AttentionPath::aten;
+  const Tensor want = linear_attention(q, k, v, p, spec, aten_opt).to(torch::kFloat);
+#if LUNAJIT_TORCH_CUDA
+  const c10::cuda::CUDAStreamGuard on_pool_stream(c10::cuda::getStreamFromPool());
+#endif
+  const Tensor got = linear_attention(q, k, v, p, spec).to(torch::kFloat);
+  expect_close(got.cpu(), want.cpu(), 2e-2, 2e-2, "bf16 o");
+}
+
+}  // namespace
+}  // namespace lunajit
