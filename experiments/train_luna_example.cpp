@@ -6,10 +6,11 @@
 // t - 1 (position 0: itself), so the model must look one step back. Loss starts
 // near log(vocab) and falls within tens of steps.
 //
-//   train_luna_example [--steps 30] [--path aten|host] [--out luna_example.pt] [--seed 0]
+//   train_luna_example [--steps 30] [--path aten|host|host-fwd] [--out luna_example.pt] [--seed 0]
 //
-// --path host runs the forward of every attention through the generated kernels
-// on the host emulator (gradients via the ATen path; torch_binding/linear_attention.h).
+// --path host runs every attention through the generated kernels on the host
+// emulator, forward and backward kernels; host-fwd takes the gradients from the
+// ATen path instead (torch_binding/linear_attention.h).
 // Prints the loss of every step, the mean step time (first step excluded: it
 // JIT-compiles the kernels on the host path) and the loss after reloading.
 #include <chrono>
@@ -84,12 +85,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
     else if (!std::strcmp(argv[i], "--seed")) seed = std::stoull(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: train_luna_example [--steps N] [--path aten|host] [--out FILE] [--seed S]\n");
+      std::fprintf(stderr, "usage: train_luna_example [--steps N] [--path aten|host|host-fwd] [--out FILE] [--seed S]\n");
       return 2;
     }
   }
-  if (path != "aten" && path != "host") {
-    std::fprintf(stderr, "train_luna_example: --path must be aten or host, got %s\n", path.c_str());
+  if (path != "aten" && path != "host" && path != "host-fwd") {
+    std::fprintf(stderr, "train_luna_example: --path must be aten, host or host-fwd, got %s\n", path.c_str());
     return 2;
   }
   torch::manual_seed(seed);
@@ -100,7 +101,8 @@ int main(int argc, char** argv) {
           "dtype": "fp32", "luna": {"projections": 8, "channels": 8, "mlp_width": 32}})")
           .value_or_throw();
   lunajit::LinearAttentionOptions op;
-  op.path = path == "host" ? lunajit::AttentionPath::host_kernels : lunajit::AttentionPath::aten;
+  op.path = path == "aten" ? lunajit::AttentionPath::aten : lunajit::AttentionPath::host_kernels;
+  op.kernel_backward = path == "host";
   Model model(vocab, seq, embed, heads, spec, op);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
 
