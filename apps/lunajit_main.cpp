@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/cache_command.h"
-#include "apps/tune_command.h"
 #include "apps/report_command.h"
+#include "apps/tune_command.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
 #include "codegen/launch_plan.h"
@@ -39,12 +39,13 @@ struct SpecArgs {
 
 Result<AttentionSpec> read_spec(const SpecArgs& a) { return load_spec(a.spec); }
 
-Result<TileConfig> read_config(const SpecArgs& a, const AttentionSpec& spec, const Arch& arch) {
-  TileConfig base = default_config(spec, arch);
+Result<TileConfig> read_config(const SpecArgs& a, const AttentionSpec& spec, const Arch& arch,
+                               Pass pass = Pass::forward) {
+  TileConfig base = default_config(spec, arch, pass);
   if (a.config_json.empty()) return base;
   auto c = tile_config_from_string(a.config_json, base);
   if (!c) return c.error();
-  if (auto st = can_implement(spec, *c, arch); !st) return st.error();
+  if (auto st = can_implement(spec, *c, arch, pass); !st) return st.error();
   return c;
 }
 
@@ -70,7 +71,7 @@ int cmd_emit(const SpecArgs& a, const std::string& pass_name, bool as_json) {
   if (!pass) return fail(pass.error());
   auto arch = parse_arch(a.arch);
   if (!arch) return fail(arch.error());
-  auto config = read_config(a, *spec, *arch);
+  auto config = read_config(a, *spec, *arch, *pass);
   if (!config) return fail(config.error());
   auto src = generate(*spec, *config, *pass);
   if (!src) return fail(src.error());
@@ -100,9 +101,9 @@ Result<std::vector<CompileRow>> compile_all(const AttentionSpec& spec, const Spe
                                             const std::vector<Arch>& archs) {
   std::vector<CompileRow> rows;
   for (const Arch& arch : archs) {
-    auto config = read_config(a, spec, arch);
-    if (!config) return config.error();
-    for (Pass pass : {Pass::feature_map, Pass::forward}) {
+    for (Pass pass : {Pass::feature_map, Pass::forward, Pass::backward}) {
+      auto config = read_config(a, spec, arch, pass);
+      if (!config) return config.error();
       auto src = generate(spec, *config, pass);
       if (!src) return src.error();
       auto compiled = compile_nvrtc(*src, arch);
@@ -178,22 +179,51 @@ json report_json(const CheckReport& r, bool checked) {
   return j;
 }
 
+int run_backward(Backend& backend, const AttentionSpec& spec, const TileConfig& config, const CheckOptions& opt,
+                 bool check, bool as_json) {
+  auto rep = check_backward(backend, spec, config, opt);
+  if (!rep) return fail(rep.error());
+  if (as_json) {
+    json tensors = json::array();
+    for (const auto& t : rep->tensors)
+      tensors.push_back({{"name", t.name},
+                         {"max_abs_error", t.max_abs_error},
+                         {"rel_rms_error", t.rel_rms},
+                         {"pass", t.pass}});
+    json j = {{"kernel", rep->kernel_name}, {"seconds", rep->kernel_seconds}, {"backend", backend.description()},
+              {"config", config.to_json()}};
+    if (check) j.update({{"gradients", tensors}, {"tolerance", rep->tolerance}, {"pass", rep->pass}});
+    std::puts(j.dump(2).c_str());
+  } else {
+    std::printf("%s on %s, config %s, batch %d heads %d seq %d: backward %.3f ms\n", rep->kernel_name.c_str(),
+                backend.description().c_str(), config.to_string().c_str(), opt.shape.batch, opt.shape.heads,
+                opt.shape.seq, rep->kernel_seconds * 1e3);
+    if (check) {
+      for (const auto& t : rep->tensors)
+        std::printf("  %-6s max abs error %.3e, rms error ratio %.3e: %s\n", t.name.c_str(), t.max_abs_error,
+                    t.rel_rms, t.pass ? "PASS" : "FAIL");
+      std::printf("check vs double reference (tolerance %.0e, parameter gradients %.0e): %s\n", rep->tolerance,
+                  rep->parameter_tolerance, rep->pass ? "PASS" : "FAIL");
+    }
+  }
+  return check && !rep->pass ? 1 : 0;
+}
+
 int cmd_run(const SpecArgs& a, const RunArgs& r, bool as_json) {
   auto spec = read_spec(a);
   if (!spec) return fail(spec.error());
-  if (r.backward)
-    return fail(Error::invalid("--backward: backward kernels are not generated yet; run the forward pass"));
   auto backend = make_backend(r.backend);
   if (!backend) return fail(backend.error());
   // The default config of the arch named by --arch (the device's own arch on CUDA).
   auto arch = parse_arch(a.arch);
   if (!arch) return fail(arch.error());
-  auto config = read_config(a, *spec, *arch);
+  auto config = read_config(a, *spec, *arch, r.backward ? Pass::backward : Pass::forward);
   if (!config) return fail(config.error());
   CheckOptions opt;
   opt.shape = {r.batch, r.heads, r.seq};
   opt.seed = r.seed;
   opt.layout = r.fused ? InputLayout::fused_qkv : InputLayout::contiguous;
+  if (r.backward) return run_backward(**backend, *spec, *config, opt, r.check, as_json);
   auto rep = check_forward(**backend, *spec, *config, opt);
   if (!rep) return fail(rep.error());
   if (as_json) {
@@ -290,15 +320,15 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--seq", run.seq, "sequence length")->check(CLI::PositiveNumber);
   run_cmd->add_option("--seed", run.seed, "seed of the random inputs and parameters");
   run_cmd->add_flag("--check", run.check, "compare with the double-precision reference (exit 1 on failure)");
-  run_cmd->add_flag("--backward", run.backward, "run the backward pass");
+  run_cmd->add_flag("--backward", run.backward, "run the backward pass (checks dq, dk, dv and parameter gradients)");
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
   run_cmd->add_flag("--json", as_json, "machine-readable output");
 
-  const Subcommand tune_cmd = add_tune_command(app);
-  const Subcommand cache_cmd = add_cache_command(app);
-
   ReportArgs report_args;
   const ReportCommand report_cmd = add_report_command(app, report_args);
+
+  const Subcommand tune_cmd = add_tune_command(app);
+  const Subcommand cache_cmd = add_cache_command(app);
 
   auto* demo_cmd = app.add_subcommand("demo", "the main job on its defaults: generate, compile, validate");
 
@@ -314,9 +344,9 @@ int main(int argc, char** argv) {
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
     if (*run_cmd) return cmd_run(run_args, run, as_json);
     if (*demo_cmd) return cmd_demo();
-    if (*report_cmd.report) return run_report_command(report_cmd, report_args, as_json);
     if (*tune_cmd.cmd) return tune_cmd.run();
     if (*cache_cmd.cmd) return cache_cmd.run();
+    if (*report_cmd.report) return run_report_command(report_cmd, report_args, as_json);
   } catch (const LunajitError& e) {
     return fail(e.error());
   } catch (const std::exception& e) {

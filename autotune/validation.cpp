@@ -182,6 +182,10 @@ std::vector<double> decode_all(const std::vector<uint8_t>& bytes, DType dtype) {
 
 double forward_tolerance(DType dtype) { return dtype == DType::fp32 ? 1e-5 : 1e-2; }
 
+double parameter_gradient_tolerance(DType dtype) { return dtype == DType::fp32 ? 1e-5 : 3e-2; }
+
+
+
 Result<CheckReport> check_forward(Backend& backend, const AttentionSpec& spec, const TileConfig& config,
                                   const CheckOptions& opt) {
   const ProblemShape& s = opt.shape;
@@ -280,6 +284,7 @@ Result<BackwardCheckReport> check_backward(Backend& backend, const AttentionSpec
   rep.kernel_name = bwd->source().name;
   rep.kernel_seconds = std::chrono::duration<double>(t1 - t0).count();
   rep.tolerance = forward_tolerance(spec.dtype);
+  rep.parameter_tolerance = parameter_gradient_tolerance(spec.dtype);
   const int eb = dtype_bytes(spec.dtype);
   rep.dq.resize(rows * d * eb);
   rep.dk.resize(rows * d * eb);
@@ -302,6 +307,10 @@ Result<BackwardCheckReport> check_backward(Backend& backend, const AttentionSpec
   rep.tensors.push_back(compare("dv", decode_all(rep.dv, spec.dtype), ref->dv, rep.tolerance));
   const ParamLayout layout = param_layout(spec);
   const int blocks = spec.params_per_head ? s.heads : 1;
+  // Parameter gradients: judged against the scale of all of them (see the header).
+  std::vector<std::pair<std::string, std::pair<std::vector<double>, std::vector<double>>>> params;
+  double all_sq = 0;
+  size_t all_n = 0;
   for (const auto& t : layout.tensors) {
     if (!t.learned) continue;
     std::vector<double> got, want;
@@ -310,8 +319,20 @@ Result<BackwardCheckReport> check_backward(Backend& backend, const AttentionSpec
         const int64_t at = b * layout.per_head_floats + t.offset + i;
         got.push_back(rep.dparams[at]);
         want.push_back(ref->dparams[at]);
+        all_sq += ref->dparams[at] * ref->dparams[at];
+        ++all_n;
       }
-    rep.tensors.push_back(compare("d" + t.name, got, want, rep.tolerance));
+    params.push_back({"d" + t.name, {std::move(got), std::move(want)}});
+  }
+  const double scale = all_n ? std::sqrt(all_sq / double(all_n)) : 0.0;
+  for (auto& [name, gw] : params) {
+    TensorError e = compare(name, gw.first, gw.second, rep.parameter_tolerance);
+    if (e.rms_reference < scale && std::isfinite(e.rel_rms)) {
+      const double abs_rms = e.rms_reference > 1e-12 ? e.rel_rms * e.rms_reference : e.rel_rms;
+      e.rel_rms = abs_rms / scale;
+      e.pass = e.rel_rms <= rep.parameter_tolerance;
+    }
+    rep.tensors.push_back(e);
   }
   rep.pass = true;
   for (const auto& t : rep.tensors) rep.pass &= t.pass;

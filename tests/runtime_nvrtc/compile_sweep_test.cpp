@@ -110,6 +110,38 @@ std::string case_name(const ::testing::TestParamInfo<SweepCase>& info) { return 
 INSTANTIATE_TEST_SUITE_P(Defaults, CompileSweep, ::testing::ValuesIn(default_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(UnusualSizes, CompileSweep, ::testing::ValuesIn(unusual_size_cases()), case_name);
 
+// The backward kernels of every family x {causal, non-causal} (bf16, default
+// options and the backward's default config) for sm_80 and sm_90, with their
+// resource usage. fp32/fp16 differ only in the element type of loads and stores.
+class CompileSweepBackward : public ::testing::TestWithParam<std::tuple<Family, bool>> {};
+
+TEST_P(CompileSweepBackward, BackwardCompiles) {
+  AttentionSpec spec = default_spec(std::get<0>(GetParam()));
+  spec.causal = std::get<1>(GetParam());
+  for (int sm : {80, 90}) {
+    const Arch arch = arch_from_sm(sm).value_or_throw();
+    const TileConfig config = default_config(spec, arch, Pass::backward);
+    ASSERT_TRUE(can_implement(spec, config, arch, Pass::backward).ok()) << arch.name() << " " << config.to_string();
+    auto src = generate(spec, config, Pass::backward);
+    ASSERT_TRUE(src.ok()) << src.error().message;
+    auto compiled = compile_nvrtc(*src, arch);
+    ASSERT_TRUE(compiled.ok()) << compiled.error().message;
+    EXPECT_EQ(compiled->resources.size(), src->entries.size());
+    for (const KernelEntry& e : src->entries) {
+      const KernelResources* res = compiled->find(e.name_expression);
+      ASSERT_NE(res, nullptr) << arch.name() << " " << e.role;
+      EXPECT_GT(res->registers, 0) << arch.name() << " " << e.role;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CompileSweepBackward,
+                         ::testing::Combine(::testing::ValuesIn(kAllFamilies), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<Family, bool>>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_causal" : "_noncausal");
+                         });
+
 TEST(CompileSweepCounts, CoverEveryFamilyCausalAndDtype) {
   EXPECT_EQ(default_cases().size(), std::size(kAllFamilies) * 2 * 3);
   EXPECT_EQ(unusual_size_cases().size(), std::size(kAllFamilies) * 2 * 2);
