@@ -1,5 +1,6 @@
 #include "autotune/forward_probe.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,10 +12,8 @@
 #include "runtime/attention_runner.h"
 
 namespace lunajit {
-namespace {
 
-// Bytes of `values` in `dtype`, rounding `values` in place to what the dtype holds.
-std::vector<uint8_t> encode(std::vector<double>& values, DType dtype) {
+std::vector<uint8_t> encode_rounded(std::vector<double>& values, DType dtype) {
   const int eb = dtype_bytes(dtype);
   std::vector<uint8_t> out(values.size() * eb);
   for (size_t i = 0; i < values.size(); ++i) {
@@ -31,18 +30,33 @@ std::vector<uint8_t> encode(std::vector<double>& values, DType dtype) {
   return out;
 }
 
-double decode(const uint8_t* p, DType dtype) {
-  if (dtype == DType::fp32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
+std::vector<double> decode_values(const std::vector<uint8_t>& bytes, DType dtype) {
+  const int eb = dtype_bytes(dtype);
+  std::vector<double> out(bytes.size() / eb);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint8_t* p = &bytes[i * eb];
+    if (dtype == DType::fp32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      out[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      out[i] = dtype == DType::fp16 ? fp16_bits_to_float(b) : bf16_bits_to_float(b);
+    }
   }
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  return dtype == DType::fp16 ? fp16_bits_to_float(b) : bf16_bits_to_float(b);
+  return out;
 }
 
-}  // namespace
+Result<DeviceTensor> make_device_tensor(Backend& backend, const ProblemShape& s, int dim, DType dtype) {
+  auto b = backend.allocate(size_t(s.batch) * s.seq * s.heads * dim * dtype_bytes(dtype));
+  if (!b) return b.error();
+  DeviceTensor t;
+  t.buf = std::move(*b);
+  if (auto st = backend.fill_zero(t.buf); !st) return st.error();
+  t.ref = {t.buf.as_pointer(), int64_t(s.seq) * s.heads * dim, int64_t(s.heads) * dim, dim};
+  return t;
+}
 
 Result<ForwardProbe> ForwardProbe::create(const AttentionSpec& spec, const CheckOptions& opt) {
   const ProblemShape& s = opt.shape;
@@ -62,51 +76,71 @@ Result<ForwardProbe> ForwardProbe::create(const AttentionSpec& spec, const Check
   p.k_ = draw(rows * spec.head_dim);
   p.v_ = draw(rows * spec.value_dim);
   p.params_ = init_params(spec, s.heads, opt.seed);
-  p.q_bytes_ = encode(p.q_, spec.dtype);
-  p.k_bytes_ = encode(p.k_, spec.dtype);
-  p.v_bytes_ = encode(p.v_, spec.dtype);
+  p.q_bytes_ = encode_rounded(p.q_, spec.dtype);
+  p.k_bytes_ = encode_rounded(p.k_, spec.dtype);
+  p.v_bytes_ = encode_rounded(p.v_, spec.dtype);
   return p;
 }
 
-Result<std::vector<double>> ForwardProbe::run(Backend& backend, const TileConfig& config) const {
+Result<ForwardProbe::DeviceInputs> ForwardProbe::upload(Backend& backend) const {
   const ProblemShape& s = options_.shape;
-  const int eb = dtype_bytes(spec_.dtype);
+  const int d = spec_.head_dim, dv = spec_.value_dim;
   const int64_t rows = int64_t(s.batch) * s.seq * s.heads;
-  auto upload = [&](const std::vector<uint8_t>& host) -> Result<Buffer> {
-    auto b = backend.allocate(std::max<size_t>(host.size(), 1));
+  const int eb = dtype_bytes(spec_.dtype);
+  DeviceInputs in;
+  auto upload_bytes = [&](const void* host, size_t bytes, Buffer& buf) -> Status {
+    auto b = backend.allocate(std::max<size_t>(bytes, 1));
     if (!b) return b.error();
-    if (!host.empty())
-      if (auto st = backend.copy_to_device(*b, host.data(), host.size()); !st) return st.error();
-    return std::move(*b);
+    buf = std::move(*b);
+    if (bytes > 0) return backend.copy_to_device(buf, host, bytes);
+    return ok_status();
   };
-  auto qb = upload(q_bytes_);
-  if (!qb) return qb.error();
-  auto kb = upload(k_bytes_);
-  if (!kb) return kb.error();
-  auto vb = upload(v_bytes_);
-  if (!vb) return vb.error();
-  std::vector<uint8_t> pbytes(params_.size() * sizeof(float));
-  if (!params_.empty()) std::memcpy(pbytes.data(), params_.data(), pbytes.size());
-  auto pb = upload(pbytes);
-  if (!pb) return pb.error();
-  auto ob = backend.allocate(rows * spec_.value_dim * eb);
-  if (!ob) return ob.error();
-  auto ref = [&](const Buffer& b, int dim) {
-    return TensorRef{b.as_pointer(), int64_t(s.seq) * s.heads * dim, int64_t(s.heads) * dim, dim};
-  };
-  const int dv = spec_.value_dim;
-  const MutableTensorRef o{ob->as_pointer(), int64_t(s.seq) * s.heads * dv, int64_t(s.heads) * dv, dv};
+  if (options_.layout == InputLayout::fused_qkv) {
+    // One [batch, seq, heads, d + d + dv] buffer, as a fused QKV projection writes it.
+    const int64_t width = 2 * d + dv;
+    std::vector<uint8_t> fused(rows * width * eb);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(&fused[(r * width) * eb], &q_bytes_[r * d * eb], d * eb);
+      std::memcpy(&fused[(r * width + d) * eb], &k_bytes_[r * d * eb], d * eb);
+      std::memcpy(&fused[(r * width + 2 * d) * eb], &v_bytes_[r * dv * eb], dv * eb);
+    }
+    if (auto st = upload_bytes(fused.data(), fused.size(), in.qkv); !st) return st.error();
+    const int64_t sh = width, sn = sh * s.heads, sb = sn * s.seq;
+    auto* base = static_cast<uint8_t*>(in.qkv.as_pointer());
+    in.q = {base, sb, sn, sh};
+    in.k = {base + d * eb, sb, sn, sh};
+    in.v = {base + 2 * d * eb, sb, sn, sh};
+  } else {
+    auto contiguous = [&](const std::vector<uint8_t>& host, Buffer& buf, int dim, TensorRef& ref) -> Status {
+      if (auto st = upload_bytes(host.data(), host.size(), buf); !st) return st;
+      ref = {buf.as_pointer(), int64_t(s.seq) * s.heads * dim, int64_t(s.heads) * dim, dim};
+      return ok_status();
+    };
+    if (auto st = contiguous(q_bytes_, in.q_buf, d, in.q); !st) return st.error();
+    if (auto st = contiguous(k_bytes_, in.k_buf, d, in.k); !st) return st.error();
+    if (auto st = contiguous(v_bytes_, in.v_buf, dv, in.v); !st) return st.error();
+  }
+  if (auto st = upload_bytes(params_.data(), params_.size() * sizeof(float), in.params); !st) return st.error();
+  return in;
+}
+
+Result<std::vector<double>> ForwardProbe::run(Backend& backend, const TileConfig& config,
+                                              double* kernel_seconds) const {
+  const ProblemShape& s = options_.shape;
+  auto in = upload(backend);
+  if (!in) return in.error();
+  auto o = make_device_tensor(backend, s, spec_.value_dim, spec_.dtype);
+  if (!o) return o.error();
   auto runner = AttentionRunner::create(backend, spec_, config, Pass::forward);
   if (!runner) return runner.error();
-  if (auto st = runner->forward(s, ref(*qb, spec_.head_dim), ref(*kb, spec_.head_dim), ref(*vb, dv), o, pb->ptr());
-      !st)
-    return st.error();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto st = runner->forward(s, in->q, in->k, in->v, o->ref, in->params.ptr()); !st) return st.error();
   if (auto st = backend.synchronize(); !st) return st.error();
-  std::vector<uint8_t> out(rows * dv * eb);
-  if (auto st = backend.copy_to_host(out.data(), *ob, out.size()); !st) return st.error();
-  std::vector<double> result(rows * dv);
-  for (int64_t i = 0; i < rows * dv; ++i) result[i] = decode(&out[i * eb], spec_.dtype);
-  return result;
+  if (kernel_seconds != nullptr)
+    *kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<uint8_t> out(o->buf.bytes());
+  if (auto st = backend.copy_to_host(out.data(), o->buf, out.size()); !st) return st.error();
+  return decode_values(out, spec_.dtype);
 }
 
 Result<std::vector<double>> ForwardProbe::reference() const {
