@@ -7,6 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "autotune/tuner.h"
+#include "cache/binary_cache.h"
+#include "cache/tuning_db.h"
 #include "codegen/generator.h"
 #include "codegen/gpu_specs.h"
 #include "report/cost_model.h"
@@ -75,8 +78,11 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 
 }  // namespace
 
-ConfigChoice choose_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape&) {
-  return {default_config(spec, arch, pass), "default (untuned)"};
+ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape) {
+  const TuningDb db(BinaryCache::default_dir(), model_fingerprint(arch));
+  const ConfigChoice choice = choose_config(db, spec, pass, shape, arch);
+  if (choice.from == LookupKind::none) return {choice.config, "default (untuned)"};
+  return {choice.config, fmt::format("{} ({} bucket)", choice.method, to_string(choice.from))};
 }
 
 Result<std::vector<ProblemShape>> parse_shapes(std::string_view text) {
@@ -149,7 +155,7 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
         // The feature map kernel does not depend on causality: reported once.
         if (pass == Pass::feature_map && vi > 0) continue;
         json pass_row = {{"arch", arch.name()}, {"pass", to_string(pass)}, {"causal", spec.causal}};
-        const ConfigChoice probe = choose_config(spec, arch, pass, opt.shapes.front());
+        const ReportConfig probe = report_config(spec, arch, pass, opt.shapes.front());
         auto probe_src = generate(spec, probe.config, pass);
         if (!probe_src) {
           pass_row["status"] = "skipped";
@@ -162,7 +168,7 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
         passes.push_back(pass_row);
 
         for (const ProblemShape& shape : opt.shapes) {
-          const ConfigChoice choice = choose_config(spec, arch, pass, shape);
+          const ReportConfig choice = report_config(spec, arch, pass, shape);
           auto src = generate(spec, choice.config, pass);
           if (!src) return src.error();
           const auto& compiled = opt.compile ? resources.get(*src, arch)

@@ -47,14 +47,16 @@ struct ReportOptions {
   BinaryCache* cache = nullptr;  // nullptr: BinaryCache::global()
 };
 
-// The tile config a report uses for (spec, arch, shape) and how it was chosen.
-// Today the default config ("default (untuned)"); when the tuning database
-// (autotune/, cache/tuning_db.h) lands, this is the one function that asks it.
-struct ConfigChoice {
+// The tile config a report uses for (spec, arch, shape) and how it was chosen:
+// the tuning database of the arch's model fingerprint (what `lunajit tune
+// --arch` writes without a GPU; autotune/tuner.h choose_config: exact bucket,
+// else nearest, else the default), e.g. "model-ranked (exact bucket)" or
+// "default (untuned)".
+struct ReportConfig {
   TileConfig config;
   std::string how;
 };
-ConfigChoice choose_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape);
+ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape);
 
 // Builds the report; Error only for bad input (no archs or shapes, an invalid
 // spec or shape). A pass the generator rejects (backward, until it exists) is

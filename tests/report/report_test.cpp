@@ -20,6 +20,9 @@
 #include <gtest/gtest.h>
 #include <png.h>
 
+#include "autotune/tuner.h"
+#include "cache/binary_cache.h"
+#include "cache/tuning_db.h"
 #include "report/cost_model.h"
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
@@ -482,6 +485,36 @@ TEST(ReportCli, WritesReportAndCompare) {
   std::ofstream(base / "old.json") << R"({"schema": "lunajit.report", "schema_version": 99})";
   EXPECT_EQ(run(fmt::format("{} report compare {} --out {} 2>/dev/null", cli, (base / "old.json").string(),
                             (base / "y").string())), 2);
+}
+
+
+// The report's config comes from the tuning database of the arch's model
+// fingerprint when it has an entry for the spec, pass and shape bucket.
+TEST(ReportConfig, FromTheTuningDatabase) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("lunajit-report-db-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("LUNAJIT_CACHE_DIR", dir.c_str(), 1);
+  AttentionSpec spec = default_spec(Family::luna);
+  const Arch arch = arch_from_sm(90).value_or_throw();
+  const ProblemShape shape{2, 4, 1000};
+  const ReportConfig before = report_config(spec, arch, Pass::forward, shape);
+  EXPECT_EQ(before.how, "default (untuned)");
+  EXPECT_EQ(before.config, default_config(spec, arch, Pass::forward));
+
+  const TileConfig tuned(32, 2, 64, 64, 2);
+  TuningEntry e;
+  e.key = tuning_key(spec, Pass::forward, shape);
+  e.config = tuned.to_json();
+  e.config_name = tuned.to_string();
+  e.method = "model-ranked";
+  TuningDb db(BinaryCache::default_dir(), model_fingerprint(arch));
+  ASSERT_TRUE(db.store(e).ok());
+  const ReportConfig after = report_config(spec, arch, Pass::forward, shape);
+  EXPECT_EQ(after.config, tuned);
+  EXPECT_EQ(after.how, "model-ranked (exact bucket)");
+  ::unsetenv("LUNAJIT_CACHE_DIR");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
