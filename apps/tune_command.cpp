@@ -154,11 +154,7 @@ int run_tune(const TuneRun& a) {
     arch = gpu ? gpu->arch() : arch_from_sm(90).value_or_throw();
   }
   DeviceFingerprint fp = model_fingerprint(arch);
-  if (gpu) {
-    const auto& d = gpu->device();
-    fp = {d.name, d.sm(), d.sm_count, d.total_memory, cuda::format_driver_version(d.driver_version),
-          nvrtc_build_identity(), LUNAJIT_VERSION};
-  }
+  if (gpu) fp = device_fingerprint(gpu->device());
   TuningDb db(BinaryCache::default_dir(), fp);
   std::unique_ptr<Backend> host;
   Backend* check_backend = gpu.get();

@@ -102,6 +102,11 @@ TuningKey tuning_key(const AttentionSpec& spec, Pass pass, const ProblemShape& s
           shape_bucket(s.batch, s.heads, s.seq, std::string(to_string(spec.dtype)))};
 }
 
+DeviceFingerprint device_fingerprint(const cuda::DeviceInfo& d) {
+  return {d.name,           d.sm(), d.sm_count, d.total_memory, cuda::format_driver_version(d.driver_version),
+          nvrtc_build_identity(), LUNAJIT_VERSION};
+}
+
 DeviceFingerprint model_fingerprint(const Arch& arch) {
   const GpuSpec* g = representative_gpu(arch.sm);
   DeviceFingerprint f;

@@ -29,6 +29,7 @@
 #include "autotune/timer.h"
 #include "autotune/validation.h"
 #include "cache/tuning_db.h"
+#include "runtime/cuda/cuda_device.h"
 #include "codegen/gpu_specs.h"
 #include "codegen/launch_plan.h"
 #include "runtime/backend.h"
@@ -118,6 +119,9 @@ TuningKey tuning_key(const AttentionSpec& spec, Pass pass, const ProblemShape& s
 // The fingerprint of a GPU, and the stand-in without one: the arch's
 // representative product, driver "none".
 DeviceFingerprint model_fingerprint(const Arch& arch);
+
+// The fingerprint of a CUDA device (what `lunajit tune` keys its database by).
+DeviceFingerprint device_fingerprint(const cuda::DeviceInfo& device);
 
 // What a run-time lookup decided.
 struct ConfigChoice {

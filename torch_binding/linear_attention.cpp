@@ -8,10 +8,11 @@
 // loads (JIT-compiles, through the binary cache) the kernels, seconds on the host.
 // A runner owns a workspace, so each is used under its own mutex.
 //
-// Tuning: the kernel paths take options.config, else default_config(spec, arch,
-// pass) (sm_90's limits for the host emulator).
-// TODO(tuning DB): look the config up in cache/tuning_db.h by (spec hash, pass,
-// shape bucket) once that lookup lands, falling back to default_config.
+// Tuning: the kernel paths take options.config, else the tuning database's
+// choice for (spec, pass, shape bucket) (autotune/tuner.h choose_config: exact
+// bucket, nearest, else default_config): the CUDA device's own database, or
+// for the host emulator the model-ranked one of sm_90 (whose limits it runs
+// under). Every config the tuner stores has passed the reference check.
 #include "torch_binding/linear_attention.h"
 
 #include <map>
@@ -21,6 +22,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "autotune/tuner.h"
+#include "cache/binary_cache.h"
+#include "cache/tuning_db.h"
 #include "codegen/feature_params.h"
 #include "runtime/attention_runner.h"
 #include "runtime/host/host_backend.h"
@@ -86,14 +90,6 @@ Backend& host_backend() {
   return *backend;
 }
 
-TileConfig host_config(const AttentionSpec& spec, const LinearAttentionOptions& opts, Pass pass) {
-  if (opts.config) return *opts.config;
-  // The host emulator has no arch of its own; sm_90's limits are the ones the
-  // host tests run the kernels under.
-  static const Arch sm90 = arch_from_sm(90).value_or_throw();
-  return default_config(spec, sm90, pass);
-}
-
 TensorRef tensor_ref(const Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
 MutableTensorRef mutable_ref(const Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
 DevicePtr device_ptr(const Tensor& t) { return t.numel() ? reinterpret_cast<DevicePtr>(t.data_ptr()) : DevicePtr(0); }
@@ -136,10 +132,23 @@ KernelTarget kernel_target(AttentionPath path, const Tensor& q) {
 }
 
 TileConfig kernel_config(const KernelTarget& target, const AttentionSpec& spec, const LinearAttentionOptions& opts,
-                         Pass pass) {
+                         Pass pass, const ProblemShape& shape) {
   if (opts.config) return *opts.config;
-  if (!target.arch) return host_config(spec, opts, pass);
-  return default_config(spec, *target.arch, pass);  // TODO(tuning DB): see the file comment
+  // One database per device, opened once per process (a lookup reads memory).
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<TuningDb>> dbs;
+  static const Arch sm90 = arch_from_sm(90).value_or_throw();
+  const Arch arch = target.arch ? *target.arch : sm90;
+  std::lock_guard lock(mutex);
+  auto& db = dbs[target.device_key];
+  if (!db) {
+    DeviceFingerprint fp = model_fingerprint(arch);
+#if LUNAJIT_TORCH_CUDA
+    if (target.arch) fp = device_fingerprint(static_cast<CudaBackend*>(target.backend)->device());
+#endif
+    db = std::make_unique<TuningDb>(BinaryCache::default_dir(), fp);
+  }
+  return choose_config(*db, spec, pass, shape, arch).config;
 }
 
 // Runs `launch` on the target. On CUDA: under the tensor's device guard, and
@@ -174,8 +183,8 @@ Tensor forward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, con
                        const AttentionSpec& spec, const LinearAttentionOptions& opts) {
   const KernelTarget target = kernel_target(path, q);
   RunnerSlot& slot =
-      runner_slot(*target.backend, target.device_key, spec, kernel_config(target, spec, opts, Pass::forward),
-                  Pass::forward);
+      runner_slot(*target.backend, target.device_key, spec,
+                  kernel_config(target, spec, opts, Pass::forward, problem_shape(q)), Pass::forward);
   Tensor o = torch::empty({q.size(0), q.size(1), q.size(2), spec.value_dim}, q.options());
   run_on(target, path, q, [&] {
     std::lock_guard lock(slot.mutex);
@@ -192,8 +201,8 @@ variable_list backward_kernels(AttentionPath path, const Tensor& q, const Tensor
                                const LinearAttentionOptions& opts) {
   const KernelTarget target = kernel_target(path, q);
   RunnerSlot& slot =
-      runner_slot(*target.backend, target.device_key, spec, kernel_config(target, spec, opts, Pass::backward),
-                  Pass::backward);
+      runner_slot(*target.backend, target.device_key, spec,
+                  kernel_config(target, spec, opts, Pass::backward, problem_shape(q)), Pass::backward);
   Tensor dq = torch::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, q.options());
   Tensor dk = torch::empty({k.size(0), k.size(1), k.size(2), k.size(3)}, k.options());
   Tensor dv = torch::empty({v.size(0), v.size(1), v.size(2), v.size(3)}, v.options());

@@ -47,8 +47,8 @@ struct LinearAttentionOptions {
   // Reject q, k, v holding NaN or Inf: one reduction per tensor and, on a GPU, a
   // device synchronization, so off by default.
   bool check_finite = false;
-  // Kernel paths: the tile config of both passes; unset = default_config(spec,
-  // arch, pass) (see the note on tuning in linear_attention.cpp).
+  // Kernel paths: the tile config of both passes; unset = the tuning database's
+  // choice, else default_config (see the note on tuning in linear_attention.cpp).
   std::optional<TileConfig> config;
   // Kernel paths: gradients from the backward kernels (true) or from the ATen
   // recomputation (false; slower on a GPU, a cross-check and a fallback).
