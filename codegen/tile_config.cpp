@@ -156,7 +156,7 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
   std::reverse(dv_blocks.begin(), dv_blocks.end());
   for (int dvb : dv_blocks)
     for (int chunk : {64, 32, 16, 8})
-      for (int tokens : {64, 32, 16})
+      for (int tokens : {64, 32, 16, 8})
         for (int warps : {4, 8, 2, 1}) {
           TileConfig c(tokens, warps, dvb, chunk, 4);
           if (can_implement(spec, c, arch, pass)) return c;

@@ -70,7 +70,7 @@ Result<TileConfig> tile_config_from_json(const nlohmann::json& j, const TileConf
 Result<TileConfig> tile_config_from_string(std::string_view json_text, const TileConfig& base);
 
 // Allowed values of each knob (the tuner's search space is a subset).
-inline constexpr int kBlockTokenChoices[] = {16, 32, 64, 128};
+inline constexpr int kBlockTokenChoices[] = {8, 16, 32, 64, 128};
 inline constexpr int kWarpChoices[] = {1, 2, 4, 8};
 inline constexpr int kDvBlockChoices[] = {8, 16, 32, 64, 128, 256};
 inline constexpr int kChunkChoices[] = {8, 16, 32, 64, 128};
