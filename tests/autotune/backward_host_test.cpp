@@ -57,7 +57,7 @@ void expect_gradients_match(const AttentionSpec& spec, const TileConfig& config,
                                         config.to_string(), opt.shape.batch, opt.shape.heads, opt.shape.seq,
                                         describe(*rep));
   for (const auto& t : rep->tensors)
-    if (t.name == "dq" || t.name == "dv") EXPECT_GT(t.rms_reference, 1e-4) << t.name << " is vacuous";
+    if (t.name == "dq" || t.name == "dv") EXPECT_GT(t.rms_reference, 1e-7) << t.name << " is identically zero";
 }
 
 struct Case {
