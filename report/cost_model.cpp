@@ -61,6 +61,59 @@ double performer_log_flops(const AttentionSpec& s) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// Bytes and FLOPs of the backward kernels of templates/lunajit/linear_attention_backward.cuh
+// (dstate, dq, dkv, causal_dq, causal_dkv, param_reduce); formulas in the header.
+Result<KernelCost> backward_cost(const AttentionSpec& s, const TileConfig& c, std::string_view role,
+                                 const ProblemShape& shape) {
+  const double BH = double(shape.batch) * shape.heads, N = shape.seq;
+  const double d = s.head_dim, dv = s.value_dim, D = s.feature_dim(), e = dtype_bytes(s.dtype);
+  const double splits = c.state_splits(), nt = ceil_div(N, c.block_tokens());
+  const bool learned = has_learned_params(s);
+  const double P = double(param_layout(s).per_head_floats), Hp = s.params_per_head ? shape.heads : 1;
+  const double params = 4.0 * P * Hp;
+  const double stab_read = s.family == Family::performer ? 4 * BH : 0;
+  const double Fq = feature_map_flops_per_token(s, true), Fk = feature_map_flops_per_token(s, false);
+  // The feature map's Jacobian-transpose product (dx and the parameter partial) per row:
+  // an estimate, 2F (see the header), not a count of the code.
+  const double Jq = 2 * Fq, Jk = 2 * Fk;
+  const double part = D * dv + D;           // floats of one split partial of (S, z) or (dS, dz)
+  const double partials = 4 * BH * splits * part;
+  const double norm = s.normalize ? 1 : 0;
+  const double den_row = norm * (2 * D + 1);     // phi(q) . z + eps
+  const double grad_row = norm * (3 * dv + 2);   // r = -(dO . o) / den, g = dO / den
+  KernelCost k;
+  if (role == "dstate") {
+    k.bytes = BH * N * (d + 2 * dv) * e + 4 * BH * splits * D + partials + params;
+    k.flops = BH * splits * splits * D + BH * N * (Fq + den_row + grad_row) + 2 * BH * N * D * dv + 2 * BH * N * D;
+  } else if (role == "dq") {
+    k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + (learned ? 4 * P * BH * nt : 0);
+    k.flops = nt * BH * splits * part + BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
+  } else if (role == "dkv") {
+    k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + stab_read + (learned ? 4 * P * BH * nt : 0);
+    k.flops = nt * BH * splits * part + BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
+  } else if (role == "causal_dq" || role == "causal_dkv") {
+    const bool dq = role == "causal_dq";
+    k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params + stab_read +
+              (learned ? 4 * P * BH : 0);
+    // Per chunk of cc tokens: see the header.
+    auto chunk_flops = [&](double cc) {
+      const double tri = cc * (cc + 1) / 2;
+      double f = cc * (Fq + Fk) + tri * 2 * D + tri * (2 * dv + 1) + cc * grad_row + 2 * D * dv * cc;
+      if (dq) f += cc * den_row + norm * tri + cc * D * (2 * dv + norm) + 2 * D * tri + D * cc + cc * Jq;
+      else f += cc * D * 2 * dv + 2 * D * tri + cc * dv * 2 * D + 2 * dv * tri + 2 * D * cc + cc * Jk;
+      return f;
+    };
+    const double C = c.chunk(), full = std::floor(N / C), rest = N - full * C;
+    k.flops = BH * (full * chunk_flops(C) + (rest > 0 ? chunk_flops(rest) : 0));
+  } else {  // param_reduce
+    if (!learned) return Error::invalid("param_reduce: this feature map learns no parameters");
+    const double slots = 2 * BH * (s.causal ? 1 : nt);
+    k.bytes = 4 * P * slots + 4 * P * Hp;
+    k.flops = P * slots;
+  }
+  return k;
+}
+
 }  // namespace
 
 double feature_map_flops_per_token(const AttentionSpec& s, bool is_query) {
@@ -85,8 +138,13 @@ double feature_map_flops_per_token(const AttentionSpec& s, bool is_query) {
 Result<KernelCost> kernel_cost(const AttentionSpec& s, const TileConfig& c, Pass pass, std::string_view role,
                                const ProblemShape& shape) {
   if (auto st = validate(shape); !st) return st.error();
-  if (pass == Pass::backward)
-    return Error::invalid(fmt::format("backward {}: no cost formula for backward kernels yet", role));
+  const bool backward_role = role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
+                             role == "causal_dkv" || role == "param_reduce";
+  const bool forward_only_role = role == "feature_map" || role == "output" || role == "causal_chunk";
+  if (backward_role && pass != Pass::backward)
+    return Error::invalid(fmt::format("{}: a backward kernel (pass = backward)", role));
+  if (forward_only_role && pass == Pass::backward)
+    return Error::invalid(fmt::format("backward {}: the backward pass has no such kernel", role));
   const double BH = double(shape.batch) * shape.heads, N = shape.seq;
   const double d = s.head_dim, dv = s.value_dim, D = s.feature_dim(), e = dtype_bytes(s.dtype);
   const double nd = ceil_div(dv, c.dv_block()), splits = c.state_splits();
@@ -127,9 +185,12 @@ Result<KernelCost> kernel_cost(const AttentionSpec& s, const TileConfig& c, Pass
       per_head += full * chunk_flops(C, w) + (rest > 0 ? chunk_flops(rest, w) : 0);
     }
     k.flops = BH * per_head;
+  } else if (backward_role) {
+    return backward_cost(s, c, role, shape);
   } else {
     return Error::invalid(fmt::format("kernel = {}: no cost formula (known: feature_map, key_stab, state, output, "
-                                      "causal_chunk)", role));
+                                      "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, param_reduce)",
+                                      role));
   }
   return k;
 }

@@ -59,6 +59,58 @@
 //   (performer adds 4 BH bytes of key stabiliser read to state, causal_chunk and
 //   feature_map, and its key_stab kernel runs first in the forward pass.)
 //
+//   Backward (templates/lunajit/linear_attention_backward.cuh, feature_map_backward.cuh;
+//   grids in codegen/launch_plan.cpp). Further notation: nt (above) is also the
+//   number of query or key tiles (non-causal), Pl = P when the family learns parameters
+//   (has_learned_params) else 0, nrm = 1 when normalize else 0, J = the Jacobian-
+//   transpose product dx = J_phi^T dphi of one row plus its parameter partial,
+//   Jq for a query row, Jk for a key row. A dot product of length n counts 2n.
+//   The backward works on whole value rows (no dv blocks) except its state pass.
+//   Per token of the queries' side, when normalized:
+//     den row  nrm (2D + 1)      phi(q) . z + eps
+//     grad row nrm (3 dv + 2)    r = -(dO . o) / den (dot, negate, divide), g = dO / den
+//   Workspace traffic: the (S, z) partials are written by state, their z part read
+//   by dstate, all of them read by dq; the (dS, dz) partials written by dstate,
+//   read by dkv; den (causal, normalized: 4 BH N) written by causal_dq, read by
+//   causal_dkv; one parameter slot of 4 P bytes per block that maps dphi back
+//   (dq, dkv: BH nt each; causal_dq, causal_dkv: BH each), written there and read
+//   by param_reduce. Every kernel reads each of its inputs once (q, k, v, o, dout);
+//   dq, dk, dv are written once.
+//   key_stab      as the forward (performer only)
+//   state         as the forward (the backward's state pass is the forward's, grid with nd)
+//   dstate        bytes = BH N (d + 2dv) e (q, dout, o) + 4 BH s D (z partials) + 4 BH s (D dv + D)
+//                         (dS, dz partials written) + 4 P Hp
+//                 flops = BH s^2 D (each of the s blocks sums the s z partials)
+//                         + BH N (Fq + den row + grad row) + 2 BH N D dv (dS) + 2 BH N D (dz)
+//   dq            bytes = BH N (2d + 2dv) e (q, dout, o read, dq written) + 4 BH s (D dv + D)
+//                         + 4 P Hp + 4 Pl BH nt (slots)
+//                 flops = nt BH s (D dv + D) (split partials summed per tile)
+//                         + BH N (Fq + den row + grad row + D (2dv + nrm) (dphi = S g + z r) + Jq)
+//   dkv           bytes = BH N (2d + 2dv) e (k, v read, dk, dv written) + 4 BH s (D dv + D)
+//                         + 4 P Hp + 4 Pl BH nt [+ 4 BH key_stab read]
+//                 flops = nt BH s (D dv + D) + BH N (Fk + 2 D dv (dphi = dS v + dz)
+//                         + 2 D dv (dv = dS^T phi(k)) + Jk)
+//   causal_dq     bytes = BH N (3d + 3dv) e (q, k, v, dout, o read, dq written) + nrm 4 BH N (den
+//                         written) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
+//                 flops = BH * sum over chunks of c tokens (tri = c(c+1)/2, full dv):
+//                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B = v . g + r) + c (grad row)
+//                           + c (den row) + nrm tri (den: sum of A) + c D (2dv + nrm) + 2D tri (dphi)
+//                           + 2 D dv c (S update) + D c (z update) + c Jq
+//   causal_dkv    bytes = BH N (3d + 4dv) e (q, k, v, dout, o read, dk, dv written) + nrm 4 BH N (den
+//                         read) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
+//                 flops = BH * sum over chunks:
+//                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B) + c (grad row)
+//                           + c D 2dv + 2D tri (dphi) + c dv 2D + 2 dv tri (dv)
+//                           + 2 D dv c (dS update) + 2 D c (dz update) + c Jk
+//   param_reduce  (learned families only) with slots = 2 BH nt (non-causal) or 2 BH (causal):
+//                 bytes = 4 P slots (read) + 4 P Hp (dparams written)
+//                 flops = P slots (one add per slot entry)
+//   ESTIMATE, not a count: J = 2F of the same row (Jq = 2 Fq, Jk = 2 Fk), the usual
+//   "backward of a layer costs twice its forward" rule, for every family. Every
+//   other backward term above counts the code as written; this one does not
+//   (the true J^T cost differs per family: relu's is d compares per row, luna's
+//   recomputes its MLP per projection for the parameter partials).
+//
 //   Roofline: t = max(bytes / BW, flops / peak) with BW the product's DRAM
 //   bandwidth and peak its FP32 rate: these kernels use no tensor cores yet.
 #pragma once
@@ -87,8 +139,11 @@ double feature_map_flops_per_token(const AttentionSpec& spec, bool is_query);
 
 // Bytes and FLOPs of the kernel with `role` of `pass` (feature_map:
 // "feature_map", "key_stab"; forward: "key_stab", "state", "output",
-// "causal_chunk") for one launch at `shape`; Error for a kernel the cost model
-// has no formula for (the backward's, so far).
+// "causal_chunk"; backward: "key_stab", "state", "dstate", "dq", "dkv",
+// "causal_dq", "causal_dkv", "param_reduce") for one launch at `shape`; Error
+// for a role the pass has no such kernel for (key_stab off performer,
+// param_reduce for a family without learned parameters, an unknown role). The
+// backward FLOPs include one estimated term, the feature map's J^T (above).
 Result<KernelCost> kernel_cost(const AttentionSpec& spec, const TileConfig& config, Pass pass, std::string_view role,
                                const ProblemShape& shape);
 

@@ -187,7 +187,7 @@ std::vector<std::string> time_charts(const std::vector<json>& reports, const std
         if (!f.points.empty()) frac.series.push_back(f);
       }
     }
-    if (time.series.empty()) continue;  // no cost formula for this pass's kernels (yet)
+    if (time.series.empty()) continue;  // no predicted time (no GPU product for the arch) and no measurement
     time.note = "sum of the pass's kernels; solid: roofline prediction" +
                 std::string(any_measured ? ", dashed: measured" : " (no measurement)");
     frac.note = any_measured ? "measured on the GPU" : "no GPU measurement: predicted only";

@@ -98,12 +98,118 @@ TEST(CostModel, HandComputedBytesAndFlops) {
   }
 }
 
-TEST(CostModel, UnknownKernelsAndBackwardHaveNoFormula) {
+struct BackwardHandCase {
+  ProblemShape shape;
+  double dstate_bytes, dstate_flops, dq_bytes, dq_flops, dkv_bytes, dkv_flops;
+  double causal_dq_bytes, causal_dq_flops, causal_dkv_bytes, causal_dkv_flops;
+  double reduce_bytes, reduce_flops, causal_reduce_bytes, causal_reduce_flops;
+};
+
+// Worked by hand from the backward formulas in report/cost_model.h, same spec and
+// config as above (normalized, learned params, P = 1160, part = D dv + D = 4160):
+//   F = 10880 (q and k alike), J = 2F = 21760 (the estimate), den row 2D + 1 = 129,
+//   grad row 3dv + 2 = 194.
+// Shape A: B 2, H 4, N 128: BH = 8, nt = 2, params 18560 B.
+//   dstate: 8*128*192*2 + 4*8*4*64 + 4*8*4*4160 + 18560 = 393216 + 8192 + 532480 + 18560 = 952448 B;
+//           8*16*64 + 1024*(10880 + 129 + 194) + 2*1024*4096 + 2*1024*64
+//           = 8192 + 11471872 + 8388608 + 131072 = 19999744 FLOPs
+//   dq:     8*128*256*2 + 532480 + 18560 + 4*1160*8*2 = 524288 + 532480 + 18560 + 74240 = 1149568 B;
+//           2*8*4*4160 + 1024*(10880 + 129 + 194 + 64*129 + 21760) = 266240 + 1024*41219 = 42474496 FLOPs
+//   dkv:    1149568 B (k, v read, dk, dv written: same sizes, d = dv);
+//           266240 + 1024*(10880 + 8192 + 8192 + 21760) = 266240 + 1024*49024 = 50466816 FLOPs
+//   causal_dq: 8*128*384*2 + 4*8*128 + 18560 + 4*1160*8 = 786432 + 4096 + 18560 + 37120 = 846208 B;
+//           chunk(64), tri = 2080: 64*21760 + 2080*128 + 2080*129 + 64*194 + 64*129 + 2080 + 64*64*129
+//           + 2080*128 + 8192*64 + 64*64 + 64*21760
+//           = 1392640 + 266240 + 268320 + 12416 + 8256 + 2080 + 528384 + 266240 + 524288 + 4096 + 1392640
+//           = 4665600;  8 * 2 * 4665600 = 74649600 FLOPs
+//   causal_dkv: 8*128*448*2 + 4096 + 18560 + 37120 = 917504 + 59776 = 977280 B;
+//           chunk(64): 64*21760 + 2080*128 + 2080*129 + 64*194 + 64*8192 + 2080*128 + 64*8192 + 2080*128
+//           + 8192*64 + 128*64 + 64*21760
+//           = 1392640 + 266240 + 268320 + 12416 + 524288 + 266240 + 524288 + 266240 + 524288 + 8192 + 1392640
+//           = 5445792;  8 * 2 * 5445792 = 87132672 FLOPs
+//   param_reduce: slots 2*8*2 = 32: 4*1160*32 + 18560 = 148480 + 18560 = 167040 B; 1160*32 = 37120
+//           causal: slots 16: 74240 + 18560 = 92800 B; 18560 FLOPs
+// Shape B: B 1, H 2, N 100: BH = 2, nt = 2, chunks of 64 and 36, params 9280 B.
+//   dstate: 2*100*192*2 + 4*2*4*64 + 4*2*4*4160 + 9280 = 76800 + 2048 + 133120 + 9280 = 221248 B;
+//           2*16*64 + 200*11203 + 2*200*4096 + 2*200*64 = 2048 + 2240600 + 1638400 + 25600 = 3906648 FLOPs
+//   dq:     2*100*256*2 + 133120 + 9280 + 4*1160*2*2 = 102400 + 133120 + 9280 + 18560 = 263360 B;
+//           2*2*4*4160 + 200*41219 = 66560 + 8243800 = 8310360 FLOPs
+//   dkv:    263360 B; 66560 + 200*49024 = 66560 + 9804800 = 9871360 FLOPs
+//   causal_dq: 2*100*384*2 + 4*2*100 + 9280 + 4*1160*2 = 153600 + 800 + 9280 + 9280 = 172960 B;
+//           chunk(36), tri = 666: 36*21760 + 666*128 + 666*129 + 36*194 + 36*129 + 666 + 36*64*129
+//           + 666*128 + 8192*36 + 64*36 + 36*21760
+//           = 783360 + 85248 + 85914 + 6984 + 4644 + 666 + 297216 + 85248 + 294912 + 2304 + 783360 = 2429856;
+//           2 * (4665600 + 2429856) = 14190912 FLOPs
+//   causal_dkv: 2*100*448*2 + 800 + 9280 + 9280 = 179200 + 19360 = 198560 B;
+//           chunk(36): 783360 + 85248 + 85914 + 6984 + 36*8192 + 85248 + 36*8192 + 85248 + 36*8192
+//           + 128*36 + 783360 = 2804706;  2 * (5445792 + 2804706) = 16500996 FLOPs
+//   param_reduce: slots 2*2*2 = 8: 4*1160*8 + 9280 = 37120 + 9280 = 46400 B; 9280 FLOPs
+//           causal: slots 4: 18560 + 9280 = 27840 B; 4640 FLOPs
+const BackwardHandCase kBackwardHandCases[] = {
+    {{2, 4, 128}, 952448, 19999744, 1149568, 42474496, 1149568, 50466816, 846208, 74649600, 977280, 87132672,
+     167040, 37120, 92800, 18560},
+    {{1, 2, 100}, 221248, 3906648, 263360, 8310360, 263360, 9871360, 172960, 14190912, 198560, 16500996, 46400,
+     9280, 27840, 4640},
+};
+
+TEST(CostModel, BackwardHandComputedBytesAndFlops) {
+  const AttentionSpec spec = default_spec(Family::luna);
+  AttentionSpec causal = spec;
+  causal.causal = true;
+  for (const BackwardHandCase& h : kBackwardHandCases) {
+    SCOPED_TRACE(fmt::format("shape {},{},{}", h.shape.batch, h.shape.heads, h.shape.seq));
+    auto expect = [&](const AttentionSpec& sp, const char* role, double bytes, double flops) {
+      SCOPED_TRACE(role);
+      auto k = kernel_cost(sp, kConfig, Pass::backward, role, h.shape).value_or_throw();
+      EXPECT_EQ(k.bytes, bytes);
+      EXPECT_EQ(k.flops, flops);
+    };
+    expect(spec, "dstate", h.dstate_bytes, h.dstate_flops);
+    expect(spec, "dq", h.dq_bytes, h.dq_flops);
+    expect(spec, "dkv", h.dkv_bytes, h.dkv_flops);
+    expect(spec, "param_reduce", h.reduce_bytes, h.reduce_flops);
+    expect(causal, "causal_dq", h.causal_dq_bytes, h.causal_dq_flops);
+    expect(causal, "causal_dkv", h.causal_dkv_bytes, h.causal_dkv_flops);
+    expect(causal, "param_reduce", h.causal_reduce_bytes, h.causal_reduce_flops);
+    // The backward's state pass is the forward's.
+    auto fwd = kernel_cost(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
+    auto bwd = kernel_cost(spec, kConfig, Pass::backward, "state", h.shape).value_or_throw();
+    EXPECT_EQ(fwd.bytes, bwd.bytes);
+    EXPECT_EQ(fwd.flops, bwd.flops);
+  }
+}
+
+TEST(CostModel, UnknownKernelsHaveNoFormula) {
   const AttentionSpec spec = default_spec(Family::luna);
   EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "mystery", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "mystery", {1, 1, 8}));
   EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "key_stab", {1, 1, 8}));  // not performer
   EXPECT_TRUE(kernel_cost(default_spec(Family::performer), kConfig, Pass::forward, "key_stab", {1, 1, 8}));
+  // Backward kernels exist only in the backward pass, and the forward-only ones not there.
+  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "output", {1, 1, 8}));
+  EXPECT_TRUE(kernel_cost(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
+  // param_reduce only for a family that learns parameters; key_stab in the backward as in the forward.
+  EXPECT_FALSE(kernel_cost(default_spec(Family::elu), kConfig, Pass::backward, "param_reduce", {1, 1, 8}));
+  const AttentionSpec perf = default_spec(Family::performer);
+  auto fwd = kernel_cost(perf, kConfig, Pass::forward, "key_stab", {1, 2, 8}).value_or_throw();
+  auto bwd = kernel_cost(perf, kConfig, Pass::backward, "key_stab", {1, 2, 8}).value_or_throw();
+  EXPECT_EQ(fwd.bytes, bwd.bytes);
+  EXPECT_EQ(fwd.flops, bwd.flops);
+}
+
+TEST(CostModel, EveryBackwardKernelOfEveryFamilyHasAFormula) {
+  for (Family f : kAllFamilies)
+    for (bool c : {false, true}) {
+      AttentionSpec spec = default_spec(f);
+      spec.causal = c;
+      for (const std::string& role : kernel_roles(spec, Pass::backward)) {
+        auto k = kernel_cost(spec, kConfig, Pass::backward, role, {1, 2, 100});
+        ASSERT_TRUE(k) << to_string(f) << " " << role << ": " << k.error().message;
+        EXPECT_GT(k->bytes, 0) << role;
+        EXPECT_GT(k->flops, 0) << role;
+      }
+    }
 }
 
 TEST(CostModel, RooflineTakesTheSlowerLimb) {
@@ -239,7 +345,6 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
       EXPECT_EQ(k["status"], "predicted");
       EXPECT_TRUE(k["measured"].is_null());
     }
-    if (k["pass"] == "backward") continue;  // resources yes, cost formulas not yet
     ASSERT_FALSE(k["resources"].is_null()) << k.dump();
     EXPECT_GT(k["resources"]["registers"].get<int>(), 0);
     ASSERT_FALSE(k["occupancy"].is_null());
@@ -262,9 +367,17 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
   EXPECT_TRUE(roles.count("feature_map:feature_map"));
   EXPECT_TRUE(roles.count("forward:state"));
   EXPECT_TRUE(roles.count("forward:output"));
-  // The backward is reported when the generator accepts it, else listed as skipped with the reason.
-  for (const auto& p : r["passes"])
+  // The backward is reported when the generator accepts it, else listed as skipped with the reason;
+  // reported, every backward kernel has a cost and a predicted time (checked in the loop above).
+  for (const auto& p : r["passes"]) {
     if (p["pass"] == "backward" && p["status"] == "skipped") EXPECT_FALSE(p["note"].get<std::string>().empty());
+    if (p["pass"] == "backward" && p["status"] == "reported") {
+      for (const char* role : p["causal"].get<bool>()
+                                  ? std::vector<const char*>{"causal_dq", "causal_dkv", "param_reduce"}
+                                  : std::vector<const char*>{"state", "dstate", "dq", "dkv", "param_reduce"})
+        EXPECT_TRUE(roles.count(std::string("backward:") + role)) << role;
+    }
+  }
   // sm_100 is predicted on its representative product.
   for (const auto& a : r["archs"])
     if (a["arch"] == "sm_100") EXPECT_EQ(a["gpu"]["key"], "b200");
