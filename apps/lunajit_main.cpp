@@ -275,6 +275,18 @@ int cmd_demo() {
                 (*backend)->description().c_str(), rep->rel_rms, rep->max_abs_error, rep->tolerance,
                 rep->pass ? "PASS" : "FAIL");
     if (!rep->pass) status = 1;
+
+    CheckOptions bopt;
+    bopt.shape = {1, 2, 100};
+    auto brep = check_backward(**backend, spec, default_config(spec, sm90, Pass::backward), bopt);
+    if (!brep) return fail(brep.error());
+    const TensorError* worst = &brep->tensors.front();
+    for (const auto& t : brep->tensors)
+      if (t.rel_rms > worst->rel_rms) worst = &t;
+    std::printf("backward validated (batch 1, heads 2, seq 100): %zu gradients (dq, dk, dv and every parameter), "
+                "worst rms error ratio %.2e (%s): %s\n\n",
+                brep->tensors.size(), worst->rel_rms, worst->name.c_str(), brep->pass ? "PASS" : "FAIL");
+    if (!brep->pass) status = 1;
   }
   if (const int rc = run_demo_tune(); rc != 0) status = rc;
   if (const int rc = write_demo_report(); rc != 0) return rc;
