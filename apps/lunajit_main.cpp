@@ -287,6 +287,7 @@ int cmd_demo() {
                 "worst rms error ratio %.2e (%s): %s\n\n",
                 brep->tensors.size(), worst->rel_rms, worst->name.c_str(), brep->pass ? "PASS" : "FAIL");
     if (!brep->pass) status = 1;
+    std::fflush(stdout);  // the tuner's progress bar below goes to stderr
   }
   if (const int rc = run_demo_tune(); rc != 0) status = rc;
   if (const int rc = write_demo_report(); rc != 0) return rc;
