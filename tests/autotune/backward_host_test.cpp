@@ -11,22 +11,12 @@
 #include <gtest/gtest.h>
 
 #include "autotune/validation.h"
-#include "runtime/host/host_backend.h"
+#include "tests/autotune/host_cases.h"
 
 namespace lunajit {
 namespace {
 
-Backend& host() {
-  static std::unique_ptr<Backend> backend = make_host_backend();
-  return *backend;
-}
-
-const Arch& sm90() {
-  static const Arch a = arch_from_sm(90).value_or_throw();
-  return a;
-}
-
-enum class Which { default_config, smallest, largest };
+using namespace testing_host;
 
 TileConfig pick(const AttentionSpec& spec, Which which) {
   if (which == Which::default_config) return default_config(spec, sm90(), Pass::backward);
@@ -51,13 +41,16 @@ std::string describe(const BackwardCheckReport& rep) {
 }
 
 void expect_gradients_match(const AttentionSpec& spec, const TileConfig& config, const CheckOptions& opt) {
-  auto rep = check_backward(host(), spec, config, opt);
+  auto rep = check_backward(host_backend(), spec, config, opt);
   ASSERT_TRUE(rep.ok()) << rep.error().message;
   EXPECT_TRUE(rep->pass) << fmt::format("{} config {} shape b{} h{} n{}: {}", canonical_json(spec),
                                         config.to_string(), opt.shape.batch, opt.shape.heads, opt.shape.seq,
                                         describe(*rep));
-  for (const auto& t : rep->tensors)
-    if (t.name == "dq" || t.name == "dv") EXPECT_GT(t.rms_reference, 1e-7) << t.name << " is identically zero";
+  for (const auto& t : rep->tensors) {
+    if (t.name == "dq" || t.name == "dv") {
+      EXPECT_GT(t.rms_reference, 1e-7) << t.name << " is identically zero";
+    }
+  }
 }
 
 struct Case {
@@ -103,55 +96,24 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(AllFamilies, BackwardHost, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const Case& c = info.param;
-                           const char* w = c.which == Which::default_config ? "default"
-                                            : c.which == Which::smallest    ? "smallest"
-                                                                            : "largest";
                            return fmt::format("{}_{}_{}_{}", to_string(c.family), c.causal ? "causal" : "noncausal",
-                                              to_string(c.dtype), w);
+                                              to_string(c.dtype), which_name(c.which));
                          });
 
-struct DimsCase {
-  Family family;
-  int d, dv;
-  bool causal;
-};
 
 class BackwardHostDims : public ::testing::TestWithParam<DimsCase> {};
 
 TEST_P(BackwardHostDims, GradientsMatchReference) {
-  const DimsCase& c = GetParam();
-  AttentionSpec spec = default_spec(c.family);
-  spec.head_dim = c.d;
-  spec.value_dim = c.dv;
-  spec.causal = c.causal;
+  AttentionSpec spec = unusual_dims_spec(GetParam());
   spec.dtype = DType::fp32;
-  spec.t2r.features = c.d;
-  spec.hedgehog.features = c.d;
-  spec.luna.projections = 6;
-  spec.luna.channels = 5;
-  spec.luna.mlp_width = 24;
   CheckOptions opt;
   opt.shape = {2, 2, 70};  // not a multiple of any tile (16..128) or chunk (8..128)
   opt.seed = 4;
   expect_gradients_match(spec, default_config(spec, sm90(), Pass::backward), opt);
 }
 
-std::vector<DimsCase> dims_cases() {
-  std::vector<DimsCase> out;
-  for (Family f : kAllFamilies)
-    for (bool causal : {false, true}) {
-      out.push_back({f, 48, 40, causal});
-      out.push_back({f, 96, 96, causal});
-    }
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(UnusualDims, BackwardHostDims, ::testing::ValuesIn(dims_cases()),
-                         [](const ::testing::TestParamInfo<DimsCase>& info) {
-                           const DimsCase& c = info.param;
-                           return fmt::format("{}_d{}_dv{}_{}", to_string(c.family), c.d, c.dv,
-                                              c.causal ? "causal" : "noncausal");
-                         });
+INSTANTIATE_TEST_SUITE_P(UnusualDims, BackwardHostDims, ::testing::ValuesIn(unusual_dims_cases()),
+                         dims_case_name);
 
 // Every luna option: activations, output activations, per-channel MLPs, the
 // envelope, bank_coef and rff variants, shared parameters across heads.
@@ -211,8 +173,8 @@ TEST(BackwardHostDeterminism, TwoRunsAreBitwiseEqual) {
     opt.shape = {2, 3, 100};
     opt.seed = 9;
     const TileConfig config = default_config(spec, sm90(), Pass::backward);
-    auto a = check_backward(host(), spec, config, opt);
-    auto b = check_backward(host(), spec, config, opt);
+    auto a = check_backward(host_backend(), spec, config, opt);
+    auto b = check_backward(host_backend(), spec, config, opt);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->dq, b->dq);
     EXPECT_EQ(a->dk, b->dk);
@@ -231,7 +193,7 @@ TEST(BackwardHostLuna, CheckDetectsWrongGradients) {
   AttentionSpec wrong = spec;
   wrong.luna.activation = Activation::gelu;
   opt.reference_spec = wrong;
-  auto rep = check_backward(host(), spec, default_config(spec, sm90(), Pass::backward), opt);
+  auto rep = check_backward(host_backend(), spec, default_config(spec, sm90(), Pass::backward), opt);
   ASSERT_TRUE(rep.ok()) << rep.error().message;
   EXPECT_FALSE(rep->pass);
 }

@@ -10,22 +10,12 @@
 #include <gtest/gtest.h>
 
 #include "autotune/validation.h"
-#include "runtime/host/host_backend.h"
+#include "tests/autotune/host_cases.h"
 
 namespace lunajit {
 namespace {
 
-Backend& host() {
-  static std::unique_ptr<Backend> backend = make_host_backend();
-  return *backend;
-}
-
-const Arch& sm90() {
-  static const Arch a = arch_from_sm(90).value_or_throw();
-  return a;
-}
-
-enum class Which { default_config, smallest, largest };
+using namespace testing_host;
 
 // Configs that differ only in phi_backward run the same forward kernels.
 std::vector<TileConfig> forward_configs(const AttentionSpec& spec) {
@@ -61,12 +51,12 @@ struct Case {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  const char* which = c.which == Which::default_config ? "default" : c.which == Which::smallest ? "smallest" : "largest";
-  return fmt::format("{}_{}_{}_{}", to_string(c.family), c.causal ? "causal" : "noncausal", to_string(c.dtype), which);
+  return fmt::format("{}_{}_{}_{}", to_string(c.family), c.causal ? "causal" : "noncausal", to_string(c.dtype),
+                     which_name(c.which));
 }
 
 void expect_matches_reference(const AttentionSpec& spec, const TileConfig& config, const CheckOptions& opt) {
-  auto rep = check_forward(host(), spec, config, opt);
+  auto rep = check_forward(host_backend(), spec, config, opt);
   ASSERT_TRUE(rep.ok()) << rep.error().message;
   EXPECT_TRUE(rep->pass) << fmt::format("{} config {} shape b{} h{} n{}: rel rms {:.3e} (tolerance {:.0e}), max abs {:.3e}",
                                         canonical_json(spec), config.to_string(), opt.shape.batch, opt.shape.heads,
@@ -112,25 +102,11 @@ INSTANTIATE_TEST_SUITE_P(AllFamilies, ForwardHost, ::testing::ValuesIn(all_cases
 
 // Unusual dimensions: d = 48 with dv = 40, d = 96 with dv = 96; luna with
 // M = 6, L = 5, Hm = 24. Default config, fp32 and bf16.
-struct DimsCase {
-  Family family;
-  int d, dv;
-  bool causal;
-};
 
 class ForwardHostDims : public ::testing::TestWithParam<DimsCase> {};
 
 TEST_P(ForwardHostDims, MatchesReference) {
-  const DimsCase& c = GetParam();
-  AttentionSpec spec = default_spec(c.family);
-  spec.head_dim = c.d;
-  spec.value_dim = c.dv;
-  spec.causal = c.causal;
-  spec.t2r.features = c.d;
-  spec.hedgehog.features = c.d;
-  spec.luna.projections = 6;
-  spec.luna.channels = 5;
-  spec.luna.mlp_width = 24;
+  AttentionSpec spec = unusual_dims_spec(GetParam());
   for (DType t : {DType::fp32, DType::bf16}) {
     spec.dtype = t;
     CheckOptions opt;
@@ -141,22 +117,8 @@ TEST_P(ForwardHostDims, MatchesReference) {
   }
 }
 
-std::vector<DimsCase> dims_cases() {
-  std::vector<DimsCase> cases;
-  for (Family f : kAllFamilies)
-    for (bool causal : {false, true}) {
-      cases.push_back({f, 48, 40, causal});
-      cases.push_back({f, 96, 96, causal});
-    }
-  return cases;
-}
-
-INSTANTIATE_TEST_SUITE_P(UnusualDims, ForwardHostDims, ::testing::ValuesIn(dims_cases()),
-                         [](const ::testing::TestParamInfo<DimsCase>& info) {
-                           const DimsCase& c = info.param;
-                           return fmt::format("{}_d{}_dv{}_{}", to_string(c.family), c.d, c.dv,
-                                              c.causal ? "causal" : "noncausal");
-                         });
+INSTANTIATE_TEST_SUITE_P(UnusualDims, ForwardHostDims, ::testing::ValuesIn(unusual_dims_cases()),
+                         dims_case_name);
 
 // Luna's options beyond the defaults: each activation, output activation,
 // per-channel MLPs, the envelope, the two ablation variants, shared params.
@@ -214,7 +176,7 @@ TEST(ForwardHostLuna, CheckDetectsAWrongResult) {
   spec.dtype = DType::fp32;
   CheckOptions opt;
   opt.shape = {1, 2, 20};
-  auto good = check_forward(host(), spec, default_config(spec, sm90()), opt);
+  auto good = check_forward(host_backend(), spec, default_config(spec, sm90()), opt);
   ASSERT_TRUE(good.ok()) << good.error().message;
   EXPECT_TRUE(good->pass);
   for (auto mutate : {+[](AttentionSpec& s) { s.causal = !s.causal; },
@@ -223,7 +185,7 @@ TEST(ForwardHostLuna, CheckDetectsAWrongResult) {
     AttentionSpec wrong = spec;
     mutate(wrong);
     opt.reference_spec = wrong;
-    auto bad = check_forward(host(), spec, default_config(spec, sm90()), opt);
+    auto bad = check_forward(host_backend(), spec, default_config(spec, sm90()), opt);
     ASSERT_TRUE(bad.ok()) << bad.error().message;
     EXPECT_FALSE(bad->pass) << "a mismatch went unnoticed: rel rms " << bad->rel_rms;
     EXPECT_GT(bad->rel_rms, 1e-3);
