@@ -126,41 +126,14 @@ EntryRead read_entry(const fs::path& path) {
     r.reason = "short read: " + std::to_string(got) + " of " + std::to_string(data.size()) + " bytes";
     return r;
   }
-  if (std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
-    r.reason = "bad magic";
-    return r;
-  }
-  const auto schema = static_cast<std::uint32_t>(get_le(data.data() + 8, 4));
-  if (schema != kBinaryCacheSchema) {
-    r.reason = "schema " + std::to_string(schema) + ", expected " + std::to_string(kBinaryCacheSchema);
-    return r;
-  }
-  const std::uint64_t payload_size = get_le(data.data() + 12, 8);
-  if (payload_size != file_size - kHeaderBytes) {
-    r.reason = (payload_size > file_size - kHeaderBytes ? "truncated: " : "size mismatch: ") +
-               std::to_string(file_size - kHeaderBytes) + " payload bytes, header says " +
-               std::to_string(payload_size);
-    return r;
-  }
-  std::string_view payload(data.data() + kHeaderBytes, payload_size);
-  if (checksum(payload) != std::string_view(data.data() + 20, 16)) {
-    r.reason = "checksum mismatch";
+  auto decoded = decode_cache_entry(data);
+  if (!decoded) {
+    r.reason = decoded.error().message;
     return r;
   }
   r.outcome = ReadOutcome::ok;
-  r.payload.assign(payload);
+  r.payload = std::move(*decoded);
   return r;
-}
-
-std::string encode_entry(std::string_view payload) {
-  std::string out;
-  out.reserve(kHeaderBytes + payload.size());
-  out.append(kMagic, sizeof kMagic);
-  put_le(out, kBinaryCacheSchema, 4);
-  put_le(out, payload.size(), 8);
-  out += checksum(payload);
-  out.append(payload);
-  return out;
 }
 
 // Writes `data` to a new file at `path` (O_EXCL) and flushes it to disk; 0 or an errno.
@@ -191,6 +164,34 @@ std::string temp_suffix() {
 bool is_temp_name(const std::string& name) { return name.find(".tmp-") != std::string::npos; }
 
 }  // namespace
+
+std::string encode_cache_entry(std::string_view payload) {
+  std::string out;
+  out.reserve(kHeaderBytes + payload.size());
+  out.append(kMagic, sizeof kMagic);
+  put_le(out, kBinaryCacheSchema, 4);
+  put_le(out, payload.size(), 8);
+  out += checksum(payload);
+  out.append(payload);
+  return out;
+}
+
+Result<std::string> decode_cache_entry(std::string_view data) {
+  if (data.size() < kHeaderBytes)
+    return Error::invalid("truncated header: " + std::to_string(data.size()) + " bytes");
+  if (std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) return Error::invalid("bad magic");
+  const auto schema = static_cast<std::uint32_t>(get_le(data.data() + 8, 4));
+  if (schema != kBinaryCacheSchema)
+    return Error::invalid("schema " + std::to_string(schema) + ", expected " + std::to_string(kBinaryCacheSchema));
+  const std::uint64_t payload_size = get_le(data.data() + 12, 8);
+  const std::uint64_t have = data.size() - kHeaderBytes;
+  if (payload_size != have)
+    return Error::invalid((payload_size > have ? "truncated: " : "size mismatch: ") + std::to_string(have) +
+                          " payload bytes, header says " + std::to_string(payload_size));
+  std::string_view payload(data.data() + kHeaderBytes, payload_size);
+  if (checksum(payload) != data.substr(20, 16)) return Error::invalid("checksum mismatch");
+  return std::string(payload);
+}
 
 fs::path BinaryCache::default_dir() {
   auto env = [](const char* name) -> std::string {
@@ -313,7 +314,7 @@ void BinaryCache::put(std::string_view key, std::string_view bytes) {
   fs::create_directories(path.parent_path(), ec);
   fs::path tmp = path;
   tmp += temp_suffix();
-  const std::string entry = encode_entry(bytes);
+  const std::string entry = encode_cache_entry(bytes);
   int err = ec ? ec.value() : write_new_file(tmp, entry);
   bool wrote = false;
   if (err == 0) {

@@ -36,9 +36,18 @@
 #include <string_view>
 #include <vector>
 
+#include "common/result.h"
+
 namespace lunajit {
 
 inline constexpr std::uint32_t kBinaryCacheSchema = 1;
+
+// One entry's file contents (header + payload, layout above) for `payload`.
+std::string encode_cache_entry(std::string_view payload);
+// The payload of one entry's file contents, or why they are damaged ("bad
+// magic", "checksum mismatch", ...). Pure: BinaryCache::get reads the file and
+// calls this; tests/fuzz/cache_entry_fuzzer.cpp feeds it arbitrary bytes.
+Result<std::string> decode_cache_entry(std::string_view bytes);
 
 struct CacheCounters {
   uint64_t hits = 0;

@@ -387,5 +387,34 @@ TEST(BinaryCacheDefaultDir, ResolutionOrder) {
   restore("HOME", home);
 }
 
+// decode_cache_entry: the pure reader of an entry's bytes (what get applies to
+// the file; tests/fuzz/cache_entry_fuzzer feeds it arbitrary bytes).
+TEST(CacheEntryCodec, DecodeInvertsEncodeAndNamesEachDamage) {
+  for (const std::string payload : {std::string(), std::string("x"), std::string(1000, '\0')}) {
+    const std::string bytes = encode_cache_entry(payload);
+    EXPECT_EQ(bytes.size(), 36 + payload.size());
+    auto back = decode_cache_entry(bytes);
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_EQ(*back, payload);
+  }
+  const std::string good = encode_cache_entry("payload");
+  auto reason = [](const std::string& bytes) {
+    auto r = decode_cache_entry(bytes);
+    return r.ok() ? std::string("accepted") : r.error().message;
+  };
+  EXPECT_EQ(reason(good.substr(0, 35)), "truncated header: 35 bytes");
+  std::string bad = good;
+  bad[0] = 'X';
+  EXPECT_EQ(reason(bad), "bad magic");
+  bad = good;
+  bad[8] = 2;
+  EXPECT_EQ(reason(bad), "schema 2, expected 1");
+  EXPECT_EQ(reason(good.substr(0, good.size() - 1)), "truncated: 6 payload bytes, header says 7");
+  EXPECT_EQ(reason(good + "z"), "size mismatch: 8 payload bytes, header says 7");
+  bad = good;
+  bad.back() ^= 1;
+  EXPECT_EQ(reason(bad), "checksum mismatch");
+}
+
 }  // namespace
 }  // namespace lunajit
