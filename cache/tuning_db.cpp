@@ -12,8 +12,10 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -57,36 +59,14 @@ FileRead read_db_file(const fs::path& file) {
   if (!in) return r;
   std::stringstream ss;
   ss << in.rdbuf();
-  r.state = FileState::corrupt;
-  json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    r.reason = "not valid JSON";
+  auto parsed = parse_tuning_db(ss.str());
+  if (!parsed) {
+    r.state = FileState::corrupt;
+    r.reason = parsed.error().message;
     return r;
   }
-  if (j.value("schema", 0) != kTuningDbSchema) {
-    r.reason = fmt::format("schema {}, expected {}", j.value("schema", 0), kTuningDbSchema);
-    return r;
-  }
-  if (j.contains("device")) {
-    auto d = DeviceFingerprint::from_json(j["device"]);
-    if (!d) {
-      r.reason = d.error().message;
-      return r;
-    }
-    r.device = *d;
-  }
-  if (!j.contains("entries") || !j["entries"].is_array()) {
-    r.reason = "no entries array";
-    return r;
-  }
-  for (const json& e : j["entries"]) {
-    auto entry = TuningEntry::from_json(e);
-    if (!entry) {
-      r.reason = entry.error().message;
-      return r;
-    }
-    r.entries.insert_or_assign(entry->key, std::move(*entry));
-  }
+  r.device = std::move(parsed->device);
+  for (auto& e : parsed->entries) r.entries.insert_or_assign(e.key, std::move(e));
   r.state = FileState::ok;
   return r;
 }
@@ -146,7 +126,45 @@ std::string now_utc() {
   return buf;
 }
 
+// j.at(key) as an integer of type T. nlohmann's get<int>() converts a float
+// such as 1e82 with undefined behaviour and wraps 2^32 + 64 to 64; both are
+// errors here. Throws json::exception (out_of_range 401), as j.at() does.
+template <class T>
+T integer_at(const json& j, const char* key) {
+  const json& v = j.at(key);
+  const bool ok = v.is_number_unsigned() ? std::in_range<T>(v.get<uint64_t>())
+                                          : v.is_number_integer() && std::in_range<T>(v.get<int64_t>());
+  if (!ok)
+    throw json::out_of_range::create(401, fmt::format("{} = {}: expected an integer in [{}, {}]", key, v.dump(),
+                                                      std::numeric_limits<T>::min(), std::numeric_limits<T>::max()),
+                                     &v);
+  return v.get<T>();
+}
+
 }  // namespace
+
+// ---------------------------------------------------------------- file contents
+Result<TuningDbContents> parse_tuning_db(std::string_view text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Error::invalid("not valid JSON");
+  const json schema = j.contains("schema") ? j["schema"] : json();
+  if (!schema.is_number_integer() || schema != kTuningDbSchema)
+    return Error::invalid(fmt::format("schema {}, expected {}", j.contains("schema") ? schema.dump() : "(missing)",
+                                      kTuningDbSchema));
+  TuningDbContents out;
+  if (j.contains("device")) {
+    auto d = DeviceFingerprint::from_json(j["device"]);
+    if (!d) return d.error();
+    out.device = *d;
+  }
+  if (!j.contains("entries") || !j["entries"].is_array()) return Error::invalid("no entries array");
+  for (const json& e : j["entries"]) {
+    auto entry = TuningEntry::from_json(e);
+    if (!entry) return entry.error();
+    out.entries.push_back(std::move(*entry));
+  }
+  return out;
+}
 
 // ---------------------------------------------------------------- fingerprint
 json DeviceFingerprint::to_json() const {
@@ -158,9 +176,9 @@ Result<DeviceFingerprint> DeviceFingerprint::from_json(const json& j) {
   try {
     DeviceFingerprint d;
     d.name = j.at("name").get<std::string>();
-    d.sm = j.at("sm").get<int>();
-    d.sm_count = j.at("sm_count").get<int>();
-    d.memory_bytes = j.at("memory_bytes").get<uint64_t>();
+    d.sm = integer_at<int>(j, "sm");
+    d.sm_count = integer_at<int>(j, "sm_count");
+    d.memory_bytes = integer_at<uint64_t>(j, "memory_bytes");
     d.driver = j.at("driver").get<std::string>();
     d.nvrtc = j.at("nvrtc").get<std::string>();
     d.lunajit = j.at("lunajit").get<std::string>();
@@ -212,8 +230,8 @@ Result<TuningEntry> TuningEntry::from_json(const json& j) {
     TuningEntry e;
     e.key.spec_hash = j.at("spec_hash").get<std::string>();
     e.key.pass = j.at("pass").get<std::string>();
-    e.key.bucket.seq = j.at("seq_bucket").get<int>();
-    e.key.bucket.batch_heads = j.at("bh_bucket").get<int>();
+    e.key.bucket.seq = integer_at<int>(j, "seq_bucket");
+    e.key.bucket.batch_heads = integer_at<int>(j, "bh_bucket");
     e.key.bucket.dtype = j.at("dtype").get<std::string>();
     e.config = j.at("config");
     e.config_name = j.at("config_name").get<std::string>();
@@ -367,19 +385,40 @@ json export_tuning(const fs::path& dir) {
 }
 
 Result<int> import_tuning(const fs::path& dir, const json& doc) {
-  if (!doc.is_object() || doc.value("lunajit_tuning_export", 0) != 1 || !doc.contains("databases"))
+  if (!doc.is_object() || !doc.contains("lunajit_tuning_export") || doc["lunajit_tuning_export"] != 1 ||
+      !doc.contains("databases"))
     return Error::invalid("import: not a lunajit tuning export (expected {\"lunajit_tuning_export\": 1, ...})");
-  int changed = 0;
-  for (const json& db : doc["databases"]) {
-    auto device = DeviceFingerprint::from_json(db.value("device", json::object()));
+  auto shown = [](const json& v) {
+    std::string s = v.dump();
+    return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+  };
+  const json& databases = doc["databases"];
+  if (!databases.is_array())
+    return Error::invalid(fmt::format("import: databases = {}: expected an array of {{\"device\": ..., \"entries\": [...]}}",
+                                      shown(databases)));
+  // Every database and entry is read before any is stored: a bad one imports nothing.
+  std::vector<std::pair<DeviceFingerprint, std::vector<TuningEntry>>> parsed;
+  for (size_t i = 0; i < databases.size(); ++i) {
+    const json& db = databases[i];
+    if (!db.is_object())
+      return Error::invalid(fmt::format("import: databases[{}] = {}: expected an object {{\"device\": ..., \"entries\": [...]}}",
+                                        i, shown(db)));
+    auto device = DeviceFingerprint::from_json(db.contains("device") ? db["device"] : json::object());
     if (!device) return device.error();
+    const json entries = db.contains("entries") ? db["entries"] : json::array();
+    if (!entries.is_array())
+      return Error::invalid(fmt::format("import: databases[{}].entries = {}: expected an array", i, shown(entries)));
     std::vector<TuningEntry> incoming;
-    for (const json& e : db.value("entries", json::array())) {
+    for (const json& e : entries) {
       auto entry = TuningEntry::from_json(e);
       if (!entry) return entry.error();
       incoming.push_back(std::move(*entry));
     }
-    TuningDb target(dir, *device);
+    parsed.emplace_back(std::move(*device), std::move(incoming));
+  }
+  int changed = 0;
+  for (const auto& [device, incoming] : parsed) {
+    TuningDb target(dir, device);
     std::vector<TuningEntry> winners;
     for (const auto& e : incoming) {
       auto have = target.find(e.key);

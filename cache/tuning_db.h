@@ -113,6 +113,16 @@ struct TuningEntry {
   static Result<TuningEntry> from_json(const nlohmann::json& j);
 };
 
+// What one database file holds, as parse_tuning_db reads it.
+struct TuningDbContents {
+  std::optional<DeviceFingerprint> device;
+  std::vector<TuningEntry> entries;  // in file order (a later equal key replaces an earlier one on load)
+};
+// Parses a database file's text (schema 1, layout above), or says why it is
+// damaged. Pure: TuningDb reads the file and calls this (a damaged file is set
+// aside); tests/fuzz/tuning_db_fuzzer.cpp feeds it arbitrary bytes.
+Result<TuningDbContents> parse_tuning_db(std::string_view text);
+
 // How a lookup was answered.
 enum class LookupKind { exact, nearest, none };
 std::string_view to_string(LookupKind k);

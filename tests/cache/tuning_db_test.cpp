@@ -225,5 +225,85 @@ TEST_F(TuningDir, ExportImportMerge) {
   EXPECT_TRUE(list_tuning_files(b).empty());
 }
 
+// Found by tests/fuzz/tuning_db_fuzzer and tuning_import_fuzzer: a float where
+// an integer belongs (1e82 as seq_bucket or sm) was converted with undefined
+// behaviour by get<int>(); a value past the type's range was wrapped. Both are
+// errors naming the field now (corpus: crash_float_*_ub.json).
+TEST(TuningDbParse, FloatOrOutOfRangeIntegerFieldIsAnErrorNamingTheField) {
+  const std::string dev = R"({"name": "x", "sm": SM, "sm_count": 1, "memory_bytes": 1, "driver": "", "nvrtc": "", "lunajit": ""})";
+  auto with_sm = [&](const std::string& sm) {
+    std::string d = dev;
+    d.replace(d.find("SM"), 2, sm);
+    return R"({"schema": 1, "device": )" + d + R"(, "entries": []})";
+  };
+  ASSERT_TRUE(parse_tuning_db(with_sm("90")).ok());
+  for (const char* bad : {"1e82", "90.0", "4294967386", "-1e300"}) {
+    auto r = parse_tuning_db(with_sm(bad));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("sm = "), std::string::npos) << r.error().message;
+  }
+  auto entry_with_seq = [](const std::string& seq) {
+    return R"({"schema": 1, "entries": [{"spec_hash": "x", "pass": "forward", "seq_bucket": )" + seq +
+           R"(, "bh_bucket": 1, "dtype": "bf16", "config": {}, "config_name": "", "method": "measured", "timings": []}]})";
+  };
+  auto ok = parse_tuning_db(entry_with_seq("1024"));
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->entries.at(0).key.bucket.seq, 1024);
+  for (const char* bad : {"-2.8888e46", "1e82", "2147483648"}) {
+    auto r = parse_tuning_db(entry_with_seq(bad));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("seq_bucket = "), std::string::npos) << r.error().message;
+  }
+  auto big = parse_tuning_db(with_sm("90").replace(with_sm("90").find("\"memory_bytes\": 1"), 17,
+                                                    "\"memory_bytes\": 18446744073709551615"));
+  ASSERT_TRUE(big.ok()) << big.error().message;
+  EXPECT_EQ(big->device->memory_bytes, UINT64_MAX);
+}
+
+// Found by tests/fuzz/tuning_db_fuzzer (corpus: bad_schema_*.json): "schema"
+// of another type threw out of the reader; such a file is damaged, set aside.
+TEST_F(TuningDir, SchemaOfAnotherTypeIsADamagedFileNotAnException) {
+  for (const char* schema : {R"("1")", "null", "1.5", "[1]"}) {
+    auto r = parse_tuning_db(std::string(R"({"schema": )") + schema + R"(, "entries": []})");
+    ASSERT_FALSE(r.ok()) << schema;
+    EXPECT_NE(r.error().message.find("schema"), std::string::npos) << r.error().message;
+  }
+  TuningDb probe(root_, device());
+  fs::create_directories(probe.file().parent_path());
+  std::ofstream(probe.file()) << R"({"schema": "1", "entries": []})";
+  ::testing::internal::CaptureStderr();
+  TuningDb db(root_, device());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("is damaged"), std::string::npos) << err;
+  EXPECT_TRUE(db.entries().empty());
+  EXPECT_TRUE(db.store(entry(1024, 8, "A")).ok());
+}
+
+// Found by tests/fuzz/tuning_import_fuzzer (corpus: bad_*.json): exports of
+// the wrong shape threw json type errors out of import_tuning; they are
+// errors naming the field, and a bad database imports nothing at all.
+TEST_F(TuningDir, MalformedExportIsAnErrorAndImportsNothing) {
+  const json good_db = {{"device", device().to_json()}, {"entries", json::array({entry(1024, 8, "A").to_json()})}};
+  const std::pair<json, const char*> cases[] = {
+      {{{"lunajit_tuning_export", "1"}, {"databases", json::array()}}, "not a lunajit tuning export"},
+      {{{"lunajit_tuning_export", 1}, {"databases", 5}}, "databases = 5"},
+      {{{"lunajit_tuning_export", 1}, {"databases", json::array({5})}}, "databases[0] = 5"},
+      {{{"lunajit_tuning_export", 1}, {"databases", json::array({good_db, {{"device", device().to_json()}, {"entries", 5}}})}},
+       "databases[1].entries = 5"},
+      {{{"lunajit_tuning_export", 1}, {"databases", json::array({good_db, {{"device", {{"sm", 1e82}}}}})}},
+       "device fingerprint"},
+  };
+  for (const auto& [doc, message] : cases) {
+    auto r = import_tuning(root_, doc);
+    ASSERT_FALSE(r.ok()) << doc.dump();
+    EXPECT_EQ(r.error().kind, ErrorKind::invalid_argument);
+    EXPECT_NE(r.error().message.find(message), std::string::npos) << r.error().message;
+  }
+  EXPECT_TRUE(list_tuning_files(root_).empty()) << "the good database before the bad one was imported";
+  auto n = import_tuning(root_, {{"lunajit_tuning_export", 1}, {"databases", json::array({good_db})}});
+  ASSERT_TRUE(n.ok()) << n.error().message;
+  EXPECT_EQ(*n, 1);
+}
+
 }  // namespace
 }  // namespace lunajit
