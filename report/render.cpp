@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "report/kernel_report.h"
+#include "report/report_reader.h"
 #include "report/svg_chart.h"
 
 namespace lunajit::report {
@@ -496,21 +497,13 @@ Status write_compare(const std::vector<std::filesystem::path>& paths, const std:
   std::vector<json> reports;
   std::vector<std::string> labels;
   for (const auto& p : paths) {
-    std::ifstream f(p);
-    if (!f) return Error::invalid(fmt::format("report compare: cannot read {}", p.string()));
-    json j = json::parse(f, nullptr, false);
-    if (j.is_discarded()) return Error::invalid(fmt::format("report compare: {} is not valid JSON", p.string()));
-    if (!j.is_object() || j.value("schema", "") != "lunajit.report")
-      return Error::invalid(fmt::format("report compare: {} is not a lunajit report (schema != \"lunajit.report\")",
-                                        p.string()));
-    if (j.value("schema_version", 0) != kReportSchemaVersion)
-      return Error::invalid(fmt::format("report compare: {} has schema_version {}; this lunajit reads version {}",
-                                        p.string(), j.value("schema_version", 0), kReportSchemaVersion));
+    auto j = read_report_file(p);
+    if (!j) return j.error();
     std::string label = p.stem().string() == "report" ? p.parent_path().filename().string() : p.stem().string();
     if (label.empty()) label = p.string();
     while (std::find(labels.begin(), labels.end(), label) != labels.end()) label += "'";
     labels.push_back(label);
-    reports.push_back(std::move(j));
+    reports.push_back(std::move(*j));
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -27,6 +27,7 @@
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
 #include "report/render.h"
+#include "report/report_reader.h"
 #include "runtime/cuda/cuda_backend.h"
 
 namespace lunajit::report {
@@ -600,6 +601,57 @@ TEST(ReportCli, WritesReportAndCompare) {
                             (base / "y").string())), 2);
 }
 
+
+// The reader of `report compare` (report/report_reader.h): what write_report
+// writes is accepted; a field the comparison reads that is missing or of the
+// wrong type is an error naming it (JSON pointer), where the renderer used to
+// throw (issue: "report compare of a report missing fields" was an internal
+// error); a directory or a tuning database is not a report. The same checks
+// run under libFuzzer in tests/fuzz/report_compare_fuzzer.
+TEST(ReportReader, AcceptsWrittenReportsAndNamesAMissingOrMistypedField) {
+  ReportOptions opt;
+  opt.archs = {arch_from_sm(80).value_or_throw()};
+  opt.shapes = parse_shapes("1,2,64").value_or_throw();
+  opt.compile = false;
+  opt.measure = false;
+  auto built = build_report(default_spec(Family::elu), opt);
+  ASSERT_TRUE(built) << built.error().message;
+  const fs::path dir = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("reader-{}", ::getpid());
+  fs::remove_all(dir);
+  ASSERT_TRUE(write_report(*built, dir));
+  auto read = read_report_file(dir / "report.json");
+  ASSERT_TRUE(read) << read.error().message;
+  EXPECT_EQ(*read, *built);
+  EXPECT_FALSE(render_compare_html({*read}, {"a"}).empty());
+
+  auto error_of = [](const json& j) {
+    auto r = parse_report(j.dump(), "r.json");
+    return r ? std::string("accepted") : r.error().message;
+  };
+  json bad = *built;
+  bad["kernels"][0]["shape"].erase("seq");
+  EXPECT_EQ(error_of(bad), "report compare: r.json: /kernels/0/shape/seq: missing");
+  bad["kernels"][0]["shape"]["seq"] = 1e82;  // get<int>() of it was undefined behaviour
+  EXPECT_EQ(error_of(bad), "report compare: r.json: /kernels/0/shape/seq = 1e+82: expected an integer in the range of int");
+  bad = *built;
+  bad["machine"]["mode"] = 5;
+  EXPECT_EQ(error_of(bad), "report compare: r.json: /machine/mode = 5: expected a string");
+  bad = *built;
+  bad.erase("kernels");
+  EXPECT_EQ(error_of(bad), "report compare: r.json: /kernels: missing");
+  EXPECT_NE(error_of(json{{"schema", 5}}).find("is not a lunajit report"), std::string::npos);
+  EXPECT_NE(error_of(json{{"schema", "lunajit.report"}, {"schema_version", "1"}}).find("schema_version \"1\""),
+            std::string::npos);
+
+  auto not_a_file = read_report_file(dir);
+  ASSERT_FALSE(not_a_file);
+  EXPECT_NE(not_a_file.error().message.find("is not a regular file"), std::string::npos) << not_a_file.error().message;
+  std::ofstream(dir / "tuning.json") << R"({"schema": 1, "entries": []})";
+  auto tuning = read_report_file(dir / "tuning.json");
+  ASSERT_FALSE(tuning);
+  EXPECT_NE(tuning.error().message.find("is not a lunajit report"), std::string::npos);
+  fs::remove_all(dir);
+}
 
 // The report's config comes from the tuning database of the arch's model
 // fingerprint when it has an entry for the spec, pass and shape bucket.
