@@ -1,6 +1,10 @@
 # lunajit: the two commands.
 #   make demo   generate, compile, validate (host) or tune (GPU), report: the main job on its defaults
 #   make test   install what is missing, build, run the whole test suite
+#               (then the fuzz and sanitizer checks below, at CI size)
+# Fuzzing and sanitizers (README "Fuzzing and sanitizer builds"):
+#   make fuzz-test   clang-19 libFuzzer targets in build-fuzz/, each FUZZ_SECONDS (ctest -L fuzz)
+#   make asan-test   g++ ASan+UBSan build in build-asan/, the ASAN_TESTS subset of the suite
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
@@ -10,7 +14,7 @@ export LUNAJIT_SWEEP ?= reduced
 # (`make demo` uses the user's cache: LUNAJIT_CACHE_DIR or ~/.cache/lunajit).
 test: export LUNAJIT_CACHE_DIR ?= $(CURDIR)/$(BUILD_DIR)/kernel-cache
 
-.PHONY: deps configure build test demo clean
+.PHONY: deps configure build test demo clean fuzz fuzz-test asan asan-test
 
 deps:
 	@bash scripts/install_deps.sh
@@ -23,6 +27,7 @@ build: configure
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 1200
+	@$(MAKE) --no-print-directory fuzz-test asan-test
 
 demo: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target lunajit
@@ -30,3 +35,36 @@ demo: configure
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# ---- fuzzing: the parsers under libFuzzer + ASan + UBSan (tests/fuzz)
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 20
+
+fuzz: deps
+	@cmake -S . -B $(FUZZ_DIR) -G Ninja -DLUNAJIT_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 -DLUNAJIT_FUZZ_SECONDS=$(FUZZ_SECONDS) > /dev/null
+	@cmake --build $(FUZZ_DIR) -j $(JOBS)
+
+fuzz-test: fuzz
+	cd $(FUZZ_DIR) && ctest -L fuzz --output-on-failure -j $(JOBS)
+
+# ---- ASan + UBSan build of the test suite with g++ (build-asan/)
+# CI builds ASAN_TARGETS and runs every test of them except those matching
+# ASAN_EXCLUDE (ctest -E; tests of executables not built show as *_NOT_BUILT);
+# the full run: make asan-test ASAN_TARGETS=all (see README).
+ASAN_DIR ?= build-asan
+ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ASAN_TARGETS ?= codegen_tests cache_tests reference_tests
+ASAN_EXCLUDE ?= _NOT_BUILT
+export ASAN_OPTIONS ?= detect_leaks=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+
+asan: deps
+	@cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLUNAJIT_BUILD_BENCH=OFF \
+	  -DCMAKE_CXX_FLAGS="$(ASAN_FLAGS)" -DCMAKE_C_FLAGS="$(ASAN_FLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="$(ASAN_FLAGS)" -DCMAKE_SHARED_LINKER_FLAGS="$(ASAN_FLAGS)" > /dev/null
+	@cmake --build $(ASAN_DIR) -j $(JOBS) --target $(ASAN_TARGETS)
+
+asan-test: export LUNAJIT_CACHE_DIR ?= $(CURDIR)/$(ASAN_DIR)/kernel-cache
+asan-test: asan
+	cd $(ASAN_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 1200 -E '$(ASAN_EXCLUDE)'

@@ -9,6 +9,7 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libxxhash-dev
   llvm-19-dev libclang-19-dev libclang-cpp19-dev clang-19 libzstd-dev
+  libclang-rt-19-dev   # libFuzzer and the sanitizer runtimes of clang-19 (make fuzz-test)
   libtorch-dev libopenblas0-pthread
   chromium python3-jsonschema libpng-dev   # report tests: headless render, schema check, PNG decode
 )
