@@ -54,6 +54,8 @@ fuzz-test: fuzz
 # the full run: make asan-test ASAN_TARGETS=all (see README).
 ASAN_DIR ?= build-asan
 ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+# --as-needed: with the sanitizers g++ otherwise records libcuda.so.1 (the link-time
+# stub) as needed, and the runtime tests fail to start on a machine without a driver.
 ASAN_TARGETS ?= codegen_tests cache_tests reference_tests
 ASAN_EXCLUDE ?= _NOT_BUILT
 export ASAN_OPTIONS ?= detect_leaks=1
@@ -62,7 +64,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 asan: deps
 	@cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLUNAJIT_BUILD_BENCH=OFF \
 	  -DCMAKE_CXX_FLAGS="$(ASAN_FLAGS)" -DCMAKE_C_FLAGS="$(ASAN_FLAGS)" \
-	  -DCMAKE_EXE_LINKER_FLAGS="$(ASAN_FLAGS)" -DCMAKE_SHARED_LINKER_FLAGS="$(ASAN_FLAGS)" > /dev/null
+	  -DCMAKE_EXE_LINKER_FLAGS="$(ASAN_FLAGS) -Wl,--as-needed" -DCMAKE_SHARED_LINKER_FLAGS="$(ASAN_FLAGS)" > /dev/null
 	@cmake --build $(ASAN_DIR) -j $(JOBS) --target $(ASAN_TARGETS)
 
 asan-test: export LUNAJIT_CACHE_DIR ?= $(CURDIR)/$(ASAN_DIR)/kernel-cache
