@@ -106,28 +106,6 @@ json results_json(const std::vector<TuneResult>& results) {
 
 }  // namespace
 
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text) {
-  std::vector<ProblemShape> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(';', start);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string part(text.substr(start, end - start));
-    if (!part.empty()) {
-      int b = 0, h = 0, n = 0;
-      char extra = 0;
-      if (std::sscanf(part.c_str(), "%d,%d,%d%c", &b, &h, &n, &extra) != 3)
-        return Error::invalid(fmt::format("--shapes: \"{}\" is not B,H,N (e.g. 2,8,1024)", part));
-      ProblemShape s{b, h, n};
-      if (auto st = validate(s); !st) return Error::invalid(fmt::format("--shapes \"{}\": {}", part, st.error().message));
-      out.push_back(s);
-    }
-    start = end + 1;
-  }
-  if (out.empty()) return Error::invalid("--shapes: no shape given (e.g. 2,8,1024;1,16,4096)");
-  return out;
-}
-
 int run_tune(const TuneRun& a) {
   auto spec = load_spec(a.spec.empty() ? std::string(R"({"family": "luna"})") : a.spec);
   if (!spec) return fail(spec.error());

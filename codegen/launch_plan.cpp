@@ -1,5 +1,7 @@
 #include "codegen/launch_plan.h"
 
+#include "common/input_limits.h"
+
 #include <fmt/format.h>
 
 #include "codegen/feature_map_info.h"
@@ -17,16 +19,40 @@ unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 
 }  // namespace
 
 Status validate(const ProblemShape& s) {
-  auto check = [](const char* name, int v) -> Status {
-    if (v < 1) return Error::invalid(fmt::format("{} = {}: must be >= 1", name, v));
-    return ok_status();
-  };
-  if (auto st = check("batch", s.batch); !st) return st;
-  if (auto st = check("heads", s.heads); !st) return st;
-  if (auto st = check("seq", s.seq); !st) return st;
-  if (static_cast<int64_t>(s.batch) * s.heads > 65535LL * 65535LL)
-    return Error::invalid(fmt::format("batch * heads = {}: too many for the grid", int64_t(s.batch) * s.heads));
+  if (auto st = limits::check("batch", s.batch, limits::kBatch); !st) return st;
+  if (auto st = limits::check("heads", s.heads, limits::kHeads); !st) return st;
+  if (auto st = limits::check("seq", s.seq, limits::kSeq); !st) return st;
   return ok_status();
+}
+
+Result<std::vector<ProblemShape>> parse_shapes(std::string_view text, std::string_view option) {
+  std::vector<ProblemShape> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t semi = text.find(';', start);
+    const std::string_view item = text.substr(start, semi == std::string_view::npos ? semi : semi - start);
+    if (item.find_first_not_of(" \t") != std::string_view::npos) {
+      int64_t v[3] = {0, 0, 0};
+      const char* names[3] = {"batch", "heads", "seq"};
+      const limits::IntRange ranges[3] = {limits::kBatch, limits::kHeads, limits::kSeq};
+      size_t pos = 0;
+      for (int i = 0; i < 3; ++i) {
+        const size_t comma = i < 2 ? item.find(',', pos) : item.size();
+        if (comma == std::string_view::npos || (i == 2 && item.find(',', pos) != std::string_view::npos))
+          return Error::invalid(fmt::format("{} \"{}\": expected B,H,N (e.g. 2,8,1024)", option, limits::quote(item)));
+        auto n = limits::parse_int(names[i], item.substr(pos, comma - pos), ranges[i]);
+        if (!n) return Error::invalid(fmt::format("{} \"{}\": {}", option, limits::quote(item), n.error().message));
+        v[i] = *n;
+        pos = comma + 1;
+      }
+      out.push_back(ProblemShape{int(v[0]), int(v[1]), int(v[2])});
+    }
+    if (semi == std::string_view::npos) break;
+    start = semi + 1;
+  }
+  if (out.empty())
+    return Error::invalid(fmt::format("{}: no shape given; expected B,H,N[;B,H,N...] (e.g. 2,8,1024;1,16,4096)", option));
+  return out;
 }
 
 bool has_learned_params(const AttentionSpec& spec) {

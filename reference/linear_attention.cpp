@@ -106,15 +106,43 @@ void linear_attention_head_weights(const double* phi_q, const double* phi_k, int
   }
 }
 
+namespace {
+
+void add_abs_outer(const double* pk, const double* v, int D, int dv, std::vector<double>& S_abs,
+                   std::vector<double>& z_abs) {
+  for (int f = 0; f < D; ++f) {
+    for (int c = 0; c < dv; ++c) S_abs[int64_t(f) * dv + c] += std::abs(pk[f] * v[c]);
+    z_abs[f] += std::abs(pk[f]);
+  }
+}
+
+double z_abs_of(const TermMagnitudes& m, int f) { return m.z_abs[f]; }
+
+}  // namespace
+
+void TermMagnitudes::reset(int n, int D, int dv) {
+  dphi_q.assign(size_t(n) * D, 0.0);
+  dphi_k.assign(size_t(n) * D, 0.0);
+  this->dv.assign(size_t(n) * dv, 0.0);
+  S_abs.assign(size_t(D) * dv, 0.0);
+  z_abs.assign(D, 0.0);
+  dS_abs.assign(size_t(D) * dv, 0.0);
+  dz_abs.assign(D, 0.0);
+}
+
 void linear_attention_head_backward(const double* phi_q, const double* phi_k, const double* v,
                                     int n, int D, int dv, const AttentionMode& mode,
                                     const double* dout, double* dphi_q, double* dphi_k,
-                                    double* dv_out) {
+                                    double* dv_out, TermMagnitudes* mag) {
   // Forward sweep: o_i, den_i and dphi_q_i = S_i g_i + z_i r_i with the state each query saw.
   std::vector<double> S(size_t(D) * dv, 0.0), z(D, 0.0), o(dv);
   std::vector<double> g(size_t(n) * dv), r(n, 0.0);
+  if (mag) mag->reset(n, D, dv);
   if (!mode.causal) {
     for (int j = 0; j < n; ++j) add_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, S.data(), z.data());
+    if (mag)
+      for (int j = 0; j < n; ++j)
+        add_abs_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, mag->S_abs, mag->z_abs);
   }
   for (int i = 0; i < n; ++i) {
     if (mode.causal) add_outer(phi_k + int64_t(i) * D, v + int64_t(i) * dv, D, dv, S.data(), z.data());
@@ -125,6 +153,16 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
     r[i] = mode.normalize ? -dot(dO, o.data(), dv) / den : 0.0;
     double* dq = dphi_q + int64_t(i) * D;
     for (int f = 0; f < D; ++f) dq[f] = dot(S.data() + int64_t(f) * dv, gi, dv) + z[f] * r[i];
+    if (mag) {
+      // |S| |g| + |z| |r|: the size of the two parts the normalized dphi_q subtracts.
+      if (mode.causal) add_abs_outer(phi_k + int64_t(i) * D, v + int64_t(i) * dv, D, dv, mag->S_abs, mag->z_abs);
+      double* m = mag->dphi_q.data() + int64_t(i) * D;
+      for (int f = 0; f < D; ++f) {
+        double t = std::abs(z_abs_of(*mag, f) * r[i]);
+        for (int c = 0; c < dv; ++c) t += mag->S_abs[int64_t(f) * dv + c] * std::abs(gi[c]);
+        m[f] = t;
+      }
+    }
   }
   // Reverse sweep: dS, dz summed over the queries that saw key j (all, or i >= j).
   std::vector<double> dS(size_t(D) * dv, 0.0), dz(D, 0.0);
@@ -133,6 +171,10 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
     for (int f = 0; f < D; ++f) {
       for (int c = 0; c < dv; ++c) dS[int64_t(f) * dv + c] += pq[f] * g[int64_t(i) * dv + c];
       dz[f] += pq[f] * r[i];
+      if (mag) {
+        for (int c = 0; c < dv; ++c) mag->dS_abs[int64_t(f) * dv + c] += std::abs(pq[f] * g[int64_t(i) * dv + c]);
+        mag->dz_abs[f] += std::abs(pq[f] * r[i]);
+      }
     }
   };
   if (!mode.causal)
@@ -148,6 +190,21 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
       double s = 0;
       for (int f = 0; f < D; ++f) s += dS[int64_t(f) * dv + c] * pk[f];
       dvj[c] = s;
+    }
+    if (mag) {
+      // |dS| |v_j| + |dz|, and |dS|^T |phi_k_j|: the sizes of what dphi_k and dv sum.
+      double* mk = mag->dphi_k.data() + int64_t(j) * D;
+      for (int f = 0; f < D; ++f) {
+        double t = mag->dz_abs[f];
+        for (int c = 0; c < dv; ++c) t += mag->dS_abs[int64_t(f) * dv + c] * std::abs(vj[c]);
+        mk[f] = t;
+      }
+      double* mv = mag->dv.data() + int64_t(j) * dv;
+      for (int c = 0; c < dv; ++c) {
+        double t = 0;
+        for (int f = 0; f < D; ++f) t += mag->dS_abs[int64_t(f) * dv + c] * std::abs(pk[f]);
+        mv[c] = t;
+      }
     }
   }
 }
@@ -266,7 +323,9 @@ Result<Gradients> linear_attention_backward(const AttentionSpec& spec, const Att
   if (!stab) return stab.error();
   const int N = shape.seq, d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
   Gradients grad{std::vector<double>(q.size(), 0.0), std::vector<double>(k.size(), 0.0),
-                 std::vector<double>(v.size(), 0.0), std::vector<double>(params.size(), 0.0)};
+                 std::vector<double>(v.size(), 0.0), std::vector<double>(params.size(), 0.0),
+                 std::vector<double>(params.size(), 0.0), std::vector<double>(q.size(), 0.0),
+                 std::vector<double>(k.size(), 0.0), std::vector<double>(v.size(), 0.0)};
   std::vector<double> dpq(size_t(N) * D), dpk(size_t(N) * D), dvh(size_t(N) * dv);
   for (int b = 0; b < shape.batch; ++b)
     for (int h = 0; h < shape.heads; ++h) {
@@ -275,12 +334,36 @@ Result<Gradients> linear_attention_backward(const AttentionSpec& spec, const Att
       const auto sq = head_stab(*stab, shape, b, h, Role::query), sk = head_stab(*stab, shape, b, h, Role::key);
       const auto pq = head_features(fm, qh, sq, N), pk = head_features(fm, kh, sk, N);
       const auto vh = gather_head(v, shape, dv, b, h), doh = gather_head(dout, shape, dv, b, h);
+      TermMagnitudes mag;
       linear_attention_head_backward(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), doh.data(),
-                                     dpq.data(), dpk.data(), dvh.data());
+                                     dpq.data(), dpk.data(), dvh.data(), &mag);
       std::vector<double> dqh(size_t(N) * d, 0.0), dkh(size_t(N) * d, 0.0);
       double* dparams = grad.dparams.data() + param_block_offset(spec, h);
       fm.backward(qh.data(), N, RowContext{N, 1, sq.data()}, dpq.data(), dqh.data(), dparams);
       fm.backward(kh.data(), N, RowContext{N, 1, sk.data()}, dpk.data(), dkh.data(), dparams);
+      {
+        // The magnitude of the terms every gradient sums: each row's J_t^T applied
+        // to the magnitudes of dphi's parts, taken absolute and summed row by row.
+        double* terms = grad.dparams_terms.data() + param_block_offset(spec, h);
+        const size_t block = param_layout(spec).per_head_floats;
+        std::vector<double> row_dp(block), row_dx(d), dq_mag(size_t(N) * d), dk_mag(size_t(N) * d);
+        for (int which = 0; which < 2; ++which)
+          for (int t = 0; t < N; ++t) {
+            std::fill(row_dp.begin(), row_dp.end(), 0.0);
+            std::fill(row_dx.begin(), row_dx.end(), 0.0);
+            const auto& xh = which == 0 ? qh : kh;
+            const auto& st = which == 0 ? sq : sk;
+            const double* m = (which == 0 ? mag.dphi_q : mag.dphi_k).data() + size_t(t) * D;
+            fm.backward(xh.data() + size_t(t) * d, 1, RowContext{N, t + 1, st.empty() ? nullptr : st.data() + t}, m,
+                        row_dx.data(), row_dp.data());
+            for (size_t i = 0; i < block; ++i) terms[i] += std::abs(row_dp[i]);
+            double* dx_mag = (which == 0 ? dq_mag : dk_mag).data() + size_t(t) * d;
+            for (int i = 0; i < d; ++i) dx_mag[i] = std::abs(row_dx[i]);
+          }
+        scatter_head(dq_mag, shape, d, b, h, grad.dq_terms);
+        scatter_head(dk_mag, shape, d, b, h, grad.dk_terms);
+        scatter_head(mag.dv, shape, dv, b, h, grad.dv_terms);
+      }
       scatter_head(dqh, shape, d, b, h, grad.dq);
       scatter_head(dkh, shape, d, b, h, grad.dk);
       scatter_head(dvh, shape, dv, b, h, grad.dv);
