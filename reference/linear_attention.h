@@ -86,7 +86,9 @@ struct ForwardResult {
 };
 
 // Linear attention of spec on q, k, v with params (the flat buffer, as double).
-// `frozen` replaces the performer stabilizers the pass would compute.
+// `frozen` replaces the performer stabilizers the pass would compute. Causal
+// performer maps key j for query i with the running max key_running[i]
+// (docs/MATH.md §2), as an O(n^2) masked sum per head.
 Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
                                                const AttentionShape& shape,
                                                std::span<const double> q,
