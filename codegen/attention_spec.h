@@ -58,7 +58,7 @@ struct PerformerOptions {
   int features = 64;         // m
   bool orthogonal = true;
   uint64_t seed = 0;
-  double kernel_eps = 1e-4;  // added to every feature (docs/MATH.md §2 performer)
+  double kernel_eps = 1e-4;  // added to every feature after the stabiliser shift (docs/MATH.md §2; not FAVOR+'s epsilon)
 };
 
 struct RffOptions {

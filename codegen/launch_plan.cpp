@@ -89,6 +89,9 @@ std::string kernel_template(Pass pass, std::string_view role) {
 }
 
 namespace {
+// Causal performer keeps a per-row key stabiliser (docs/MATH.md §2).
+int running_max(const AttentionSpec& spec) { return spec.causal && spec.family == Family::performer ? 1 : 0; }
+
 BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
   return BackwardDims{spec.head_dim,
                       spec.feature_dim(),
@@ -97,14 +100,15 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       feature_map_backward_scratch_per_row(spec),
                       spec.causal ? c.chunk() : c.block_tokens(),
                       c.threads(),
-                      has_learned_params(spec) ? static_cast<int>(param_layout(spec).per_head_floats) : 0};
+                      has_learned_params(spec) ? static_cast<int>(param_layout(spec).per_head_floats) : 0,
+                      running_max(spec)};
 }
 }  // namespace
 
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& c, int seq) {
   const BackwardDims p = backward_dims(spec, c);
   const BackwardWorkspace w =
-      backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens, p.param_floats);
+      backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens, p.param_floats, p.running_max);
   return 4 * w.total;
 }
 
@@ -117,7 +121,7 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::
   if (role == "param_reduce") return 0;
   auto dims = [&](int tokens) {
     return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
-                      c.threads()};
+                      c.threads(), running_max(spec)};
   };
   if (role == "feature_map") return smem_layout(KernelKind::feature_map, dims(c.block_tokens())).bytes();
   if (role == "key_stab") return smem_layout(KernelKind::key_stab, dims(c.block_tokens())).bytes();
@@ -174,7 +178,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("param_reduce", {ceil_div(p.param_floats, c.threads()), blocks, 1});
       }
       plan.workspace_floats = backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv,
-                                                 spec.causal, p.tokens, p.param_floats)
+                                                 spec.causal, p.tokens, p.param_floats, p.running_max)
                                   .total;
       break;
     }

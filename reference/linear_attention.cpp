@@ -3,6 +3,7 @@
 #include "reference/linear_attention.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -216,15 +217,21 @@ Result<Stabilizers> performer_stabilizers(const AttentionSpec& spec, const Atten
     return st.error();
   const int N = shape.seq, H = shape.heads;
   Stabilizers stab{std::vector<double>(size_t(shape.batch) * H * N, 0.0),
-                   std::vector<double>(size_t(shape.batch) * H, 0.0)};
+                   std::vector<double>(size_t(shape.batch) * H, 0.0),
+                   std::vector<double>(size_t(shape.batch) * H * N, 0.0)};
   for (int b = 0; b < shape.batch; ++b)
     for (int h = 0; h < H; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const std::vector<double> qh = gather_head(q, shape, spec.head_dim, b, h);
       const std::vector<double> kh = gather_head(k, shape, spec.head_dim, b, h);
+      const int64_t bh = int64_t(b) * H + h;
       const std::vector<double> sq = fm.stabilizers(qh.data(), N, Role::query);
-      std::copy(sq.begin(), sq.end(), stab.query.begin() + (int64_t(b) * H + h) * N);
-      stab.key[int64_t(b) * H + h] = fm.stabilizers(kh.data(), N, Role::key)[0];
+      std::copy(sq.begin(), sq.end(), stab.query.begin() + bh * N);
+      stab.key[bh] = fm.stabilizers(kh.data(), N, Role::key)[0];
+      // Running max of the keys' own maxima: what causal query row i may use.
+      const std::vector<double> sk = fm.stabilizers(kh.data(), N, Role::query);
+      for (int t = 0; t < N; ++t)
+        stab.key_running[bh * N + t] = t == 0 ? sk[0] : std::max(stab.key_running[bh * N + t - 1], sk[t]);
     }
   return stab;
 }
@@ -241,10 +248,97 @@ std::vector<double> head_stab(const Stabilizers& stab, const AttentionShape& sha
 
 Status check_stab(const Stabilizers& stab, const AttentionShape& shape) {
   const size_t bh = size_t(shape.batch) * shape.heads;
-  if (stab.key.size() != bh || stab.query.size() != bh * shape.seq)
-    return Error::invalid(fmt::format("frozen stabilizers have {} query and {} key values: expected {} and {}",
-                                      stab.query.size(), stab.key.size(), bh * shape.seq, bh));
+  if (stab.key.size() != bh || stab.query.size() != bh * shape.seq || stab.key_running.size() != bh * shape.seq)
+    return Error::invalid(fmt::format(
+        "frozen stabilizers have {} query, {} key and {} key_running values: expected {}, {} and {}",
+        stab.query.size(), stab.key.size(), stab.key_running.size(), bh * shape.seq, bh, bh * shape.seq));
   return ok_status();
+}
+
+// Whether the key features depend on the query row: causal performer, where
+// query i shifts the keys it sees by M_i = max_{j<=i} s(k_j) (MATH.md §2).
+bool row_dependent_keys(const AttentionSpec& spec) { return spec.causal && spec.family == Family::performer; }
+
+// Causal performer, one (batch, head). phi_i(k_j) = exp(s_j - M_i) (u_j - kappa) + kappa
+// = m^{-1/2} exp(e(k_j) - M_i) + kappa, where u_j = phi(k_j) shifted by the key's own
+// max s_j (so exp(s_j - M_i) <= 1 and nothing overflows; s_j cancels exactly).
+struct CausalPerformerHead {
+  const double* pq;  // [n, D] query features
+  const double* pk;  // [n, D] u_j: key features shifted by their own s_j
+  const double* s;   // [n] s_j
+  const double* M;   // [n] M_i
+  double kappa;
+  int n, D;
+  double weight(int i, int j) const { return std::exp(s[j] - M[i]); }
+  // phi_i(k_j)[f]
+  double key(int i, int j, int f) const { return weight(i, j) * (pk[int64_t(j) * D + f] - kappa) + kappa; }
+  // A_ij = phi(q_i) . phi_i(k_j) for j <= i, else 0: [n, n]
+  std::vector<double> scores() const {
+    std::vector<double> A(size_t(n) * n, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j <= i; ++j) {
+        double a = 0;
+        for (int f = 0; f < D; ++f) a += pq[int64_t(i) * D + f] * key(i, j, f);
+        A[int64_t(i) * n + j] = a;
+      }
+    return A;
+  }
+};
+
+// o = A v with A normalized by row (sum + eps) when mode.normalize; returns den [n].
+std::vector<double> apply_scores(const std::vector<double>& A, const double* v, int n, int dv,
+                                 const AttentionMode& mode, double* o) {
+  std::vector<double> den(n, 1.0);
+  for (int i = 0; i < n; ++i) {
+    double sum = 0;
+    std::fill(o + int64_t(i) * dv, o + int64_t(i + 1) * dv, 0.0);
+    for (int j = 0; j < n; ++j) {
+      const double a = A[int64_t(i) * n + j];
+      sum += a;
+      for (int c = 0; c < dv; ++c) o[int64_t(i) * dv + c] += a * v[int64_t(j) * dv + c];
+    }
+    if (mode.normalize) den[i] = sum + mode.eps;
+    for (int c = 0; c < dv; ++c) o[int64_t(i) * dv + c] /= den[i];
+  }
+  return den;
+}
+
+// Backward of the causal performer head: dphi(q) [n, D], du [n, D] (gradient
+// with respect to u_j, every s and M held constant) and dv [n, dv], overwritten.
+void causal_performer_backward(const CausalPerformerHead& hd, const double* v, int dv, const AttentionMode& mode,
+                               const double* dout, double* dphi_q, double* du, double* dv_out) {
+  const int n = hd.n, D = hd.D;
+  const std::vector<double> A = hd.scores();
+  std::vector<double> o(size_t(n) * dv);
+  const std::vector<double> den = apply_scores(A, v, n, dv, mode, o.data());
+  std::fill(dphi_q, dphi_q + int64_t(n) * D, 0.0);
+  std::fill(du, du + int64_t(n) * D, 0.0);
+  std::fill(dv_out, dv_out + int64_t(n) * dv, 0.0);
+  std::vector<double> g(dv);
+  for (int i = 0; i < n; ++i) {
+    const double* dO = dout + int64_t(i) * dv;
+    for (int c = 0; c < dv; ++c) g[c] = dO[c] / den[i];
+    const double r = mode.normalize ? -dot(dO, o.data() + int64_t(i) * dv, dv) / den[i] : 0.0;
+    for (int j = 0; j <= i; ++j) {
+      const double B = dot(v + int64_t(j) * dv, g.data(), dv) + r, w = hd.weight(i, j);
+      for (int f = 0; f < D; ++f) {
+        dphi_q[int64_t(i) * D + f] += B * hd.key(i, j, f);
+        du[int64_t(j) * D + f] += B * w * hd.pq[int64_t(i) * D + f];
+      }
+      for (int c = 0; c < dv; ++c) dv_out[int64_t(j) * dv + c] += A[int64_t(i) * n + j] * g[c];
+    }
+  }
+}
+
+// The per-row shifts of the keys' own maxima s_j of (b, h): the query-role
+// stabilizers of the keys (recomputed; they cancel exactly, see CausalPerformerHead).
+std::vector<double> own_max(const FeatureMap& fm, const std::vector<double>& kh, int n) {
+  return fm.stabilizers(kh.data(), n, Role::query);
+}
+
+std::vector<double> head_running(const Stabilizers& stab, const AttentionShape& shape, int b, int h) {
+  const int64_t bh = int64_t(b) * shape.heads + h;
+  return {stab.key_running.begin() + bh * shape.seq, stab.key_running.begin() + (bh + 1) * shape.seq};
 }
 
 // Stabilizers to use: the frozen ones, or those of q, k.
@@ -301,9 +395,17 @@ Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
     for (int h = 0; h < shape.heads; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const auto pq = head_features(fm, gather_head(q, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::query), N);
-      const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::key), N);
       const auto vh = gather_head(v, shape, dv, b, h);
-      linear_attention_head(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), oh.data());
+      if (row_dependent_keys(spec)) {
+        const auto kh = gather_head(k, shape, d, b, h);
+        const auto s = own_max(fm, kh, N), M = head_running(res.stab, shape, b, h);
+        const auto pk = head_features(fm, kh, s, N);
+        const CausalPerformerHead hd{pq.data(), pk.data(), s.data(), M.data(), spec.performer.kernel_eps, N, D};
+        apply_scores(hd.scores(), vh.data(), N, dv, mode_of(spec), oh.data());
+      } else {
+        const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::key), N);
+        linear_attention_head(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), oh.data());
+      }
       scatter_head(oh, shape, dv, b, h, res.out);
     }
   return res;
@@ -331,17 +433,28 @@ Result<Gradients> linear_attention_backward(const AttentionSpec& spec, const Att
     for (int h = 0; h < shape.heads; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const auto qh = gather_head(q, shape, d, b, h), kh = gather_head(k, shape, d, b, h);
-      const auto sq = head_stab(*stab, shape, b, h, Role::query), sk = head_stab(*stab, shape, b, h, Role::key);
+      const auto sq = head_stab(*stab, shape, b, h, Role::query);
+      // Causal performer: keys are mapped with their own max s_j and dpk is the
+      // gradient with respect to those features (CausalPerformerHead).
+      const auto sk = row_dependent_keys(spec) ? own_max(fm, kh, N) : head_stab(*stab, shape, b, h, Role::key);
       const auto pq = head_features(fm, qh, sq, N), pk = head_features(fm, kh, sk, N);
       const auto vh = gather_head(v, shape, dv, b, h), doh = gather_head(dout, shape, dv, b, h);
+      // Term magnitudes (the checks' rounding floor) come from the generic
+      // backward; the causal performer's rescaled sums keep no floor.
       TermMagnitudes mag;
-      linear_attention_head_backward(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), doh.data(),
-                                     dpq.data(), dpk.data(), dvh.data(), &mag);
+      if (row_dependent_keys(spec)) {
+        const auto M = head_running(*stab, shape, b, h);
+        const CausalPerformerHead hd{pq.data(), pk.data(), sk.data(), M.data(), spec.performer.kernel_eps, N, D};
+        causal_performer_backward(hd, vh.data(), dv, mode_of(spec), doh.data(), dpq.data(), dpk.data(), dvh.data());
+      } else {
+        linear_attention_head_backward(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), doh.data(),
+                                       dpq.data(), dpk.data(), dvh.data(), &mag);
+      }
       std::vector<double> dqh(size_t(N) * d, 0.0), dkh(size_t(N) * d, 0.0);
       double* dparams = grad.dparams.data() + param_block_offset(spec, h);
       fm.backward(qh.data(), N, RowContext{N, 1, sq.data()}, dpq.data(), dqh.data(), dparams);
       fm.backward(kh.data(), N, RowContext{N, 1, sk.data()}, dpk.data(), dkh.data(), dparams);
-      {
+      if (!mag.dphi_q.empty()) {
         // The magnitude of the terms every gradient sums: each row's J_t^T applied
         // to the magnitudes of dphi's parts, taken absolute and summed row by row.
         double* terms = grad.dparams_terms.data() + param_block_offset(spec, h);
@@ -386,9 +499,23 @@ Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
     for (int h = 0; h < shape.heads; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const auto pq = head_features(fm, gather_head(q, shape, d, b, h), head_stab(*stab, shape, b, h, Role::query), N);
-      const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(*stab, shape, b, h, Role::key), N);
-      linear_attention_head_weights(pq.data(), pk.data(), N, D, mode_of(spec),
-                                    A.data() + (int64_t(b) * shape.heads + h) * N * N);
+      double* Ah = A.data() + (int64_t(b) * shape.heads + h) * N * N;
+      if (row_dependent_keys(spec)) {
+        const auto kh = gather_head(k, shape, d, b, h);
+        const auto s = own_max(fm, kh, N), M = head_running(*stab, shape, b, h);
+        const auto pk = head_features(fm, kh, s, N);
+        const CausalPerformerHead hd{pq.data(), pk.data(), s.data(), M.data(), spec.performer.kernel_eps, N, D};
+        const std::vector<double> raw = hd.scores();
+        for (int i = 0; i < N; ++i) {
+          double sum = 0;
+          for (int j = 0; j < N; ++j) sum += raw[int64_t(i) * N + j];
+          for (int j = 0; j < N; ++j)
+            Ah[int64_t(i) * N + j] = spec.normalize ? raw[int64_t(i) * N + j] / (sum + spec.eps) : raw[int64_t(i) * N + j];
+        }
+      } else {
+        const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(*stab, shape, b, h, Role::key), N);
+        linear_attention_head_weights(pq.data(), pk.data(), N, D, mode_of(spec), Ah);
+      }
     }
   return A;
 }

@@ -67,13 +67,18 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
                                     const double* dout, double* dphi_q, double* dphi_k,
                                     double* dv_out, TermMagnitudes* mag = nullptr);
 
-// Performer stabilizers of a problem: query [batch, heads, seq] (per query row)
-// and key [batch, heads] (one per (batch, head)); zeros for other families. They
-// are what the forward pass subtracts, and what a caller freezes to take finite
-// differences of the stop-gradient function (feature_map.h).
+// Performer stabilizers of a problem (docs/MATH.md §2, performer); zeros for
+// other families. They are what the forward pass subtracts, and what a caller
+// freezes to take finite differences of the stop-gradient function (feature_map.h).
+//   query        [batch, heads, seq]: s(q_i) = max_r e_r(q_i), per query row.
+//   key          [batch, heads]: max_j s(k_j) over all keys (non-causal attention,
+//                and feature_map() of keys).
+//   key_running  [batch, heads, seq]: M_i = max_{j<=i} s(k_j), the key stabilizer
+//                query row i uses in causal attention (only keys it sees).
 struct Stabilizers {
   std::vector<double> query;
   std::vector<double> key;
+  std::vector<double> key_running;
 };
 
 // The stabilizers the forward pass would use for q and k.
@@ -93,7 +98,9 @@ struct ForwardResult {
 };
 
 // Linear attention of spec on q, k, v with params (the flat buffer, as double).
-// `frozen` replaces the performer stabilizers the pass would compute.
+// `frozen` replaces the performer stabilizers the pass would compute. Causal
+// performer maps key j for query i with the running max key_running[i]
+// (docs/MATH.md §2), as an O(n^2) masked sum per head.
 Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
                                                const AttentionShape& shape,
                                                std::span<const double> q,

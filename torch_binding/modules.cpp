@@ -81,8 +81,11 @@ Tensor LinearAttentionImpl::forward(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor LinearAttentionImpl::weights(const Tensor& q, const Tensor& k) {
-  const Tensor phi_q = feature_map->forward(q, aten::FeatureRole::query);
+  const Tensor phi_q = feature_map->forward(q, aten::FeatureRole::query);  // also checks q and k
   const Tensor phi_k = feature_map->forward(k, aten::FeatureRole::key);
+  // Causal performer maps each query's keys with its own running stabiliser (docs/MATH.md §2).
+  if (spec_.causal && spec_.family == Family::performer)
+    return aten::linear_attention_weights(q, k, feature_map->params, spec_);
   return aten::linear_attention_weights(phi_q, phi_k, spec_.causal, spec_.normalize, spec_.eps);
 }
 
