@@ -150,7 +150,7 @@ class TuningDb {
  public:
   // The database of `device` under `dir` (an empty path: BinaryCache's default
   // directory); reads the file if it exists. A damaged file is set aside as
-  // <file>.corrupt-<pid> with a warning and the database starts empty.
+  // <file>.corrupt-<UTC time>-<pid> with a warning and the database starts empty.
   TuningDb(std::filesystem::path dir, DeviceFingerprint device);
 
   const DeviceFingerprint& device() const { return device_; }
