@@ -179,14 +179,29 @@ int make_tuning_dir(const fs::path& dir) {
   fs::path prefix;
   for (const fs::path& part : tuning_dir(dir)) {
     prefix /= part;
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
+    if (::mkdir(prefix.c_str(), 0700) != 0) {
       const int err = errno;
       struct stat st {};
-      if (::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+      if (::stat(prefix.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) continue;
+        return ENOTDIR;
+      }
       return err;
     }
   }
   return 0;
+}
+
+// Why <dir>/tuning must not be used, or "" (also when it does not exist yet):
+// a symbolic link, or a directory of another user or writable by others.
+std::string tuning_dir_problem(const fs::path& dir) {
+  const fs::path t = tuning_dir(dir);
+  struct stat st {};
+  if (::lstat(t.c_str(), &st) != 0) return "";
+  if (S_ISLNK(st.st_mode)) return fmt::format("the tuning directory {} is a symbolic link", t.string());
+  if (!S_ISDIR(st.st_mode)) return "";  // nothing to read; make_tuning_dir reports ENOTDIR to writers
+  if (auto ok = BinaryCache::check_private_dir(t); !ok) return ok.error().message;
+  return "";
 }
 
 std::string now_utc() {
@@ -346,6 +361,16 @@ TuningDb::TuningDb(fs::path dir, DeviceFingerprint device)
 }
 
 void TuningDb::reload() {
+  if (std::string problem = tuning_dir_problem(dir_); !problem.empty()) {
+    std::lock_guard g(mu_);
+    if (!warned_)
+      warn(fmt::format("not using the tuning databases: {}; tuning results are kept in memory for this process",
+                       problem));
+    warned_ = true;
+    persistent_ = false;
+    not_saved_ = problem;
+    return;
+  }
   FileRead r = read_db_file(file_);
   if (r.state == FileState::corrupt) {
     FileLock lock(tuning_dir(dir_) / ".lock");
@@ -433,6 +458,7 @@ Status TuningDb::store(const std::vector<TuningEntry>& new_entries) {
   };
   if (!persistent_) return keep_in_memory(not_saved_reason());
   if (const int err = make_tuning_dir(dir_); err != 0) return keep_in_memory(errno_message(err));
+  if (std::string problem = tuning_dir_problem(dir_); !problem.empty()) return keep_in_memory(problem);
   FileLock lock(tuning_dir(dir_) / ".lock");
   if (!lock.locked()) return keep_in_memory(lock.message());
   // Merge into what is on disk now (other processes' entries since our read).
@@ -451,6 +477,13 @@ Status TuningDb::store(const std::vector<TuningEntry>& new_entries) {
 // ---------------------------------------------------------------- files
 std::vector<TuningFile> list_tuning_files(const fs::path& dir) {
   std::vector<TuningFile> out;
+  if (std::string problem = tuning_dir_problem(dir); !problem.empty()) {
+    TuningFile f;
+    f.file = tuning_dir(dir);
+    f.problem = problem;
+    out.push_back(std::move(f));
+    return out;
+  }
   std::vector<fs::path> files;
   std::error_code ec;
   for (fs::directory_iterator it(tuning_dir(dir), ec), end; !ec && it != end; it.increment(ec)) {
@@ -572,6 +605,7 @@ Result<int> import_tuning(const fs::path& dir, const json& doc, const std::strin
     }
   if (const int err = make_tuning_dir(dir); err != 0)
     return Error::failure(fmt::format("import: cannot create {}: {}", tuning_dir(dir).string(), errno_message(err)));
+  if (std::string problem = tuning_dir_problem(dir); !problem.empty()) return Error::failure("import: " + problem);
   // 2. Every merge under the one lock of the tuning directory, so no other
   // writer interleaves; each file's old text is kept to restore it.
   FileLock lock(tuning_dir(dir) / ".lock");

@@ -360,6 +360,36 @@ TEST_F(TuningDir, CorruptFileIsRenamedWithTheTime) {
   EXPECT_EQ(slurp(aside[0]), "{");
 }
 
+TEST_F(TuningDir, TuningDirectoryThatIsALinkOrAnotherUsersIsNotUsed) {
+  const fs::path real = root_ / "elsewhere";
+  {
+    TuningDb db(real, device());
+    ASSERT_TRUE(db.store(entry(1024, 8, "planted")).ok());
+  }
+  fs::create_directories(root_ / "c");
+  fs::create_directory_symlink(real / "tuning", root_ / "c" / "tuning");
+  ::testing::internal::CaptureStderr();
+  TuningDb linked(root_ / "c", device());
+  EXPECT_TRUE(linked.entries().empty()) << "read through a link";
+  EXPECT_TRUE(linked.store(entry(2048, 8, "mine")).ok());
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("is a symbolic link"), std::string::npos) << err;
+  EXPECT_FALSE(linked.persistent());
+  EXPECT_EQ(TuningDb(real, device()).entries().size(), 1u) << "written through a link";
+  const auto files = list_tuning_files(root_ / "c");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(files[0].problem.find("symbolic link"), std::string::npos);
+  EXPECT_FALSE(import_tuning(root_ / "c", export_tuning(real)).ok());
+  // Writable by others: the same.
+  ASSERT_EQ(::chmod((real / "tuning").c_str(), 0777), 0);
+  ::testing::internal::CaptureStderr();
+  TuningDb open_dir(real, device());
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(open_dir.entries().empty());
+  EXPECT_NE(err.find("writable by others"), std::string::npos) << err;
+  ::chmod((real / "tuning").c_str(), 0700);
+}
+
 TEST_F(TuningDir, ImportOfMalformedExportsIsRejectedNamingWhatIsWrong) {
   const std::vector<std::pair<json, std::string>> cases = {
       {json::parse(R"({"lunajit_tuning_export":"1"})"), "\"lunajit_tuning_export\" is \"1\""},
