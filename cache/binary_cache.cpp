@@ -142,6 +142,53 @@ struct EntryRead {
   ino_t ino = 0;
 };
 
+// Validates the bytes of one entry for `key` (layout: binary_cache.h).
+EntryRead parse_entry(std::string_view data, std::string_view key) {
+  EntryRead r;
+  r.outcome = ReadOutcome::corrupt;
+  const std::uint64_t file_size = data.size();
+  if (file_size < kFixedHeaderBytes) {
+    r.reason = "truncated header: " + std::to_string(file_size) + " bytes";
+    return r;
+  }
+  if (std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
+    r.reason = "bad magic";
+    return r;
+  }
+  const auto schema = static_cast<std::uint32_t>(get_le(data.data() + 8, 4));
+  if (schema != kBinaryCacheSchema) {
+    r.reason = "schema " + std::to_string(schema) + ", expected " + std::to_string(kBinaryCacheSchema);
+    return r;
+  }
+  const std::uint64_t key_size = get_le(data.data() + 12, 4);
+  const std::uint64_t payload_size = get_le(data.data() + 16, 8);
+  if (key_size > file_size - kFixedHeaderBytes) {
+    r.reason = fmt::format("truncated: key of {} bytes in {} bytes", key_size, file_size - kFixedHeaderBytes);
+    return r;
+  }
+  const std::uint64_t have = file_size - kFixedHeaderBytes - key_size;
+  if (payload_size != have) {
+    r.reason = (payload_size > have ? "truncated: " : "size mismatch: ") + std::to_string(have) +
+               " payload bytes, header says " + std::to_string(payload_size);
+    return r;
+  }
+  const std::string_view stored_key(data.data() + kFixedHeaderBytes, key_size);
+  const std::string_view payload(data.data() + kFixedHeaderBytes + key_size, payload_size);
+  if (checksum(stored_key, payload) != data.substr(24, 16)) {
+    r.reason = "checksum mismatch";
+    return r;
+  }
+  if (stored_key != key) {
+    r.outcome = ReadOutcome::rejected;
+    r.reason = fmt::format("it holds the entry of key {}, not of {}", std::string(stored_key.substr(0, 64)),
+                           std::string(key.substr(0, 64)));
+    return r;
+  }
+  r.outcome = ReadOutcome::ok;
+  r.payload.assign(payload);
+  return r;
+}
+
 // Reads and validates the entry `name` in directory `dirfd` for `key`, without
 // locking (the file is only ever replaced by rename, so an open descriptor
 // sees one complete version).
@@ -175,8 +222,8 @@ EntryRead read_entry(int dirfd, const std::string& name, std::string_view key) {
     r.reason = "replaced while being opened";
     return r;
   }
-  r.outcome = ReadOutcome::corrupt;
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  r.outcome = ReadOutcome::corrupt;
   if (file_size < kFixedHeaderBytes) {
     r.reason = "truncated header: " + std::to_string(file_size) + " bytes";
     return r;
@@ -197,41 +244,11 @@ EntryRead read_entry(int dirfd, const std::string& name, std::string_view key) {
     r.reason = "short read: " + std::to_string(got) + " of " + std::to_string(data.size()) + " bytes";
     return r;
   }
-  if (std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
-    r.reason = "bad magic";
-    return r;
-  }
-  const auto schema = static_cast<std::uint32_t>(get_le(data.data() + 8, 4));
-  if (schema != kBinaryCacheSchema) {
-    r.reason = "schema " + std::to_string(schema) + ", expected " + std::to_string(kBinaryCacheSchema);
-    return r;
-  }
-  const std::uint64_t key_size = get_le(data.data() + 12, 4);
-  const std::uint64_t payload_size = get_le(data.data() + 16, 8);
-  if (key_size > file_size - kFixedHeaderBytes) {
-    r.reason = fmt::format("truncated: key of {} bytes in {} bytes", key_size, file_size - kFixedHeaderBytes);
-    return r;
-  }
-  const std::uint64_t have = file_size - kFixedHeaderBytes - key_size;
-  if (payload_size != have) {
-    r.reason = (payload_size > have ? "truncated: " : "size mismatch: ") + std::to_string(have) +
-               " payload bytes, header says " + std::to_string(payload_size);
-    return r;
-  }
-  const std::string_view stored_key(data.data() + kFixedHeaderBytes, key_size);
-  const std::string_view payload(data.data() + kFixedHeaderBytes + key_size, payload_size);
-  if (checksum(stored_key, payload) != std::string_view(data.data() + 24, 16)) {
-    r.reason = "checksum mismatch";
-    return r;
-  }
-  if (stored_key != key) {
-    r.outcome = ReadOutcome::rejected;
-    r.reason = fmt::format("it holds the entry of key {}, not of {}", std::string(stored_key.substr(0, 64)),
-                           std::string(key.substr(0, 64)));
-    return r;
-  }
-  r.outcome = ReadOutcome::ok;
-  r.payload.assign(payload);
+  const dev_t dev = r.dev;
+  const ino_t ino = r.ino;
+  r = parse_entry(data, key);
+  r.dev = dev;
+  r.ino = ino;
   return r;
 }
 
@@ -301,6 +318,14 @@ std::string refusal_text(const fs::path& dir, const std::string& why) {
 }
 
 }  // namespace
+
+Result<std::string> decode_cache_entry(std::string_view bytes, std::string_view key) {
+  EntryRead r = parse_entry(bytes, key);
+  if (r.outcome != ReadOutcome::ok) return Error::invalid("cache entry: " + r.reason);
+  return std::move(r.payload);
+}
+
+std::string encode_cache_entry(std::string_view key, std::string_view payload) { return encode_entry(key, payload); }
 
 fs::path BinaryCache::default_dir() {
   auto env = [](const char* name) -> std::string {

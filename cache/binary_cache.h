@@ -106,6 +106,12 @@ struct ClearResult {
   int first_error = 0;
 };
 
+// The entry format on its own (what get() and put() read and write, without
+// the file checks), for tests and fuzzing: the payload of `bytes` if they are
+// a valid entry for `key`, else invalid_argument with the reason.
+Result<std::string> decode_cache_entry(std::string_view bytes, std::string_view key);
+std::string encode_cache_entry(std::string_view key, std::string_view payload);
+
 class BinaryCache {
  public:
   // Opens (creating if needed) the cache at `dir`; an empty path means the

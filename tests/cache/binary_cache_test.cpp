@@ -718,6 +718,26 @@ TEST_F(CacheDir, ReadOnlyCacheAsNonRootUserIsRead) {
   for (const auto& e : fs::recursive_directory_iterator(dir)) ::chmod(e.path().c_str(), 0700);
 }
 
+TEST(CacheEntryFormat, DecodeChecksKeyChecksumAndSizes) {
+  const std::string entry = encode_cache_entry(kKey, "payload bytes");
+  EXPECT_EQ(decode_cache_entry(entry, kKey).value(), "payload bytes");
+  auto other = decode_cache_entry(entry, "another key");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.error().message.find("holds the entry of key " + kKey), std::string::npos);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{10}, std::size_t{39}, entry.size() - 1}) {
+    auto r = decode_cache_entry(entry.substr(0, cut), kKey);
+    EXPECT_FALSE(r.ok()) << cut;
+  }
+  std::string flipped = entry;
+  flipped[45] ^= 1;  // inside the stored key: the checksum covers it
+  auto r = decode_cache_entry(flipped, kKey);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("checksum mismatch"), std::string::npos) << r.error().message;
+  std::string huge_key = entry;
+  huge_key[12] = huge_key[13] = huge_key[14] = huge_key[15] = char(0xff);  // key length 2^32 - 1
+  EXPECT_FALSE(decode_cache_entry(huge_key, kKey).ok());
+}
+
 TEST(BinaryCacheMaxBytes, CacheMaxMbOverflowNegativeAndNonNumericAreErrors) {
   const char* old = std::getenv("LUNAJIT_CACHE_MAX_MB");
   const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
