@@ -138,6 +138,7 @@ struct EntryRead {
   ReadOutcome outcome = ReadOutcome::missing;
   std::string payload;
   std::string reason;  // why it is corrupt or rejected
+  bool stale = false;  // corrupt only in being of another schema: replaced without a warning
   dev_t dev = 0;
   ino_t ino = 0;
 };
@@ -158,6 +159,7 @@ EntryRead parse_entry(std::string_view data, std::string_view key) {
   const auto schema = static_cast<std::uint32_t>(get_le(data.data() + 8, 4));
   if (schema != kBinaryCacheSchema) {
     r.reason = "schema " + std::to_string(schema) + ", expected " + std::to_string(kBinaryCacheSchema);
+    r.stale = true;
     return r;
   }
   const std::uint64_t key_size = get_le(data.data() + 12, 4);
@@ -529,7 +531,9 @@ std::optional<std::string> BinaryCache::get(std::string_view key) {
   }
   EntryRead r = read_entry(sub.get(), file, key);
   if (r.outcome == ReadOutcome::corrupt || r.outcome == ReadOutcome::rejected) {
-    count_corrupt(path, r.reason, r.outcome == ReadOutcome::rejected);
+    // An entry of an older lunajit (another schema) is just replaced; anything
+    // else is worth a warning.
+    if (!r.stale) count_corrupt(path, r.reason, r.outcome == ReadOutcome::rejected);
     // Remove under the lock, and only the very file that was read: a writer
     // may have renamed a good entry into place since.
     if (writable_) {

@@ -8,7 +8,8 @@
 // entries under <dir>/bin/.
 // Each entry: magic, schema version, its key, payload size, XXH3 checksum, payload.
 // Writes go to a temp file renamed into place (readers never see a torn file);
-// a corrupted, truncated or misplaced entry is reported as a miss, removed and logged.
+// a corrupted, truncated or misplaced entry is reported as a miss, removed and logged
+// (an entry of another schema, left by an older lunajit, is replaced silently).
 // A directory that cannot be created degrades to memory-only with one warning.
 // Size bound: LUNAJIT_CACHE_MAX_MB (default 2048, 1 to 2^44-1) over the entry files; a hit
 // touches the entry's atime/mtime, and a put that takes the total over the

@@ -428,6 +428,22 @@ void chown_tree(const fs::path& root, uid_t uid) {
   for (const auto& e : fs::recursive_directory_iterator(root)) ASSERT_EQ(::lchown(e.path().c_str(), uid, uid), 0);
 }
 
+TEST_F(CacheDir, EntryOfAnOlderSchemaIsReplacedWithoutAWarning) {
+  BinaryCache cache(root_);
+  cache.put(kKey, "new");
+  const fs::path p = cache.entry_path(kKey);
+  std::string raw = read_file(p);
+  raw[8] = 1;  // schema 1, the format before keys were stored
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << raw;
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(cache.get(kKey).has_value());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(cache.counters().corrupt, 0u);
+  EXPECT_FALSE(fs::exists(p));
+  cache.put(kKey, "new");
+  EXPECT_EQ(BinaryCache(root_).get(kKey).value_or(""), "new");
+}
+
 TEST_F(CacheDir, FifoInPlaceOfEntryDoesNotHang) {
   BinaryCache cache(root_);
   cache.put(kKey, payload(100));
