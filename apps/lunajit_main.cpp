@@ -410,6 +410,8 @@ int main(int argc, char** argv) {
 
   if (const int rc = parse_command_line(app, normalize_argv(app, argc, argv)); rc >= 0) return rc;
   try {
+    if (*compile_cmd || *run_cmd || *demo_cmd || *report_cmd.report)
+      if (auto st = check_cache_environment(); !st) return fail(st.error());
     if (*spec_cmd) return cmd_spec(family, as_json);
     if (*emit_cmd) return cmd_emit(emit_args, pass, as_json);
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
