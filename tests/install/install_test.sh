@@ -4,12 +4,14 @@
 #   install_test.sh install   BUILD DIR PYTHON   cmake --install BUILD --prefix DIR/prefix; the CLI runs
 #   install_test.sh consumer  BUILD DIR PYTHON   configure, build, run tests/install/consumer against it
 #   install_test.sh python    BUILD DIR PYTHON   import the installed package: the op and its gradient
+#   install_test.sh buildtree BUILD DIR PYTHON   the same from the package staged in BUILD/python
 #   install_test.sh pip       BUILD DIR PYTHON   pip install --no-build-isolation --no-deps BUILD/python; import
 set -euo pipefail
 step=$1 build=$2 dir=$3 python=$4
 here=$(cd "$(dirname "$0")" && pwd)
 prefix=$dir/prefix
-# The op and its gradient from Python, with only the path setup the README shows.
+# The op and its gradient from Python, with only the path setup the README shows
+# (README "Python": keep the two in step).
 check_import='
 import torch, lunajit
 q = torch.randn(2, 64, 4, 16, requires_grad=True)
@@ -44,6 +46,11 @@ case $step in
     out=$(cd "$dir" && PYTHONPATH="$prefix/lib/python3/dist-packages" "$python" -c "$check_import")
     echo "$out"
     [[ $out == *"$prefix/lib/liblunajit_torch.so"* ]] || { echo "loaded the library from elsewhere" >&2; exit 1; }
+    ;;
+  buildtree)
+    out=$(cd "$dir" && PYTHONPATH="$build/python" "$python" -c "$check_import")
+    echo "$out"
+    [[ $out == *"$build/python/lunajit/liblunajit_torch.so"* ]] || { echo "loaded the library from elsewhere" >&2; exit 1; }
     ;;
   pip)
     rm -rf "$dir/pip-target"
