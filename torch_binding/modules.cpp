@@ -80,7 +80,11 @@ LinearAttentionImpl::LinearAttentionImpl(const AttentionSpec& spec, int64_t head
     : feature_map(register_module("feature_map", FeatureMap(spec, heads, seed))), spec_(spec), options_(options) {}
 
 Tensor LinearAttentionImpl::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return linear_attention(q, k, v, feature_map->params, spec_, options_);
+  // A module moved to fp16/bf16 (module->to(torch::kBFloat16)) keeps working: the
+  // op reads fp32 (or fp64) parameters; the cast is differentiable.
+  Tensor p = feature_map->params;
+  if (p.defined() && p.scalar_type() != torch::kFloat && p.scalar_type() != torch::kDouble) p = p.to(torch::kFloat);
+  return linear_attention(q, k, v, p, spec_, options_);
 }
 
 Tensor LinearAttentionImpl::weights(const Tensor& q, const Tensor& k) {

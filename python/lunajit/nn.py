@@ -73,8 +73,13 @@ class LinearAttention(torch.nn.Module):
         self.eps = float(spec["eps"])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.ops.lunajit.linear_attention(q, k, v, self.feature_map.params, self.spec_json, self.path,
-                                                  self.chunk, self.config, self.kernel_backward, False)
+        p = self.feature_map.params
+        # A module moved to fp16/bf16 keeps working: the op reads fp32 (or fp64)
+        # parameters, and the cast is differentiable, so gradients reach them.
+        if p is not None and p.dtype != torch.float32 and p.dtype != torch.float64:
+            p = p.float()
+        return torch.ops.lunajit.linear_attention(q, k, v, p, self.spec_json, self.path, self.chunk, self.config,
+                                                  self.kernel_backward, False)
 
     def weights(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """The weights linear attention applies, [batch, heads, seq_q, seq_k] (O(n^2))."""

@@ -68,6 +68,21 @@ def test_modules_train():
     assert not torch.equal(m.core.feature_map.params.detach(), p0)  # the feature map learned too
 
 
+def test_module_dtype_follows_to():
+    m = lnn.MultiheadLinearAttention(16, 2, spec=LUNA, batch_first=True).to(torch.bfloat16)
+    x = torch.randn(2, 6, 16, dtype=torch.bfloat16)
+    y, _ = m(x, x, x, need_weights=False)
+    assert y.dtype == torch.bfloat16
+    y.float().square().sum().backward()
+    g = m.core.feature_map.params.grad
+    assert g is not None and g.dtype == torch.bfloat16 and g.abs().sum() > 0
+    ref = lnn.MultiheadLinearAttention(16, 2, spec=LUNA, batch_first=True)
+    ref.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    want = ref(x.float(), x.float(), x.float(), need_weights=False)[0]
+    # bf16 projections and output (8 mantissa bits): a few 1e-2 relative.
+    assert ((y.float() - want).norm() / want.norm()).item() < 5e-2
+
+
 def test_torchscript_script_and_trace():
     core = lnn.LinearAttention(dict(LUNA, head_dim=8, value_dim=8, dtype="fp32", causal=True), heads=2)
     q, k, v = torch.randn(3, 2, 5, 2, 8).unbind(0)

@@ -50,6 +50,12 @@ int main() {
     if (std::string(e.what()).find("was saved with spec") == std::string::npos) return 1;
   }
   std::filesystem::remove(path);
+  // The dtype follows the module: bf16 weights, bf16 inputs, gradients in bf16.
+  model->to(torch::kBFloat16);
+  const torch::Tensor xb = x.to(torch::kBFloat16);
+  auto [yb, wb] = model->forward(xb, xb, xb, {}, /*need_weights=*/false);
+  if (yb.scalar_type() != torch::kBFloat16) return std::fprintf(stderr, "bf16 module gave %s\n", c10::toString(yb.scalar_type())), 1;
+  yb.to(torch::kFloat).sum().backward();
   std::printf("torch consumer ok: loss %.4f -> %.4f over 10 steps\n", first, last);
   return 0;
 }
