@@ -8,6 +8,7 @@
 Everything runs through torch.ops.lunajit (liblunajit_torch.so, loaded on import):
 the op is differentiable (torch.autograd), scriptable and traceable.
 """
+import functools
 import json
 
 import torch
@@ -70,18 +71,27 @@ def init_feature_params(spec, heads, seed=0):
     return torch.ops.lunajit.init_feature_params(canonical_spec(spec), int(heads), int(seed))
 
 
-def _spec_for(q, k, v, spec, family, causal, fields):
+@functools.lru_cache(maxsize=256)
+def _resolve(key):
+    """(canonical spec text, needs parameters) for a _spec_for key (JSON text)."""
+    spec, family, causal, fields, dims = json.loads(key)
     # Fields the caller's spec leaves out come from the tensors; a given spec's
     # dims are kept, so that tensors of other sizes are an error, not a new spec.
     over = dict(fields)
     given = json.loads(canonical_spec(spec)) if isinstance(spec, str) else (spec or {})
-    for key, value in (("head_dim", q.shape[-1]), ("value_dim", v.shape[-1]),
-                       ("dtype", _DTYPES.get(q.dtype, "fp32"))):
-        if key not in given:
-            over.setdefault(key, value)
+    for name, value in dims.items():
+        if name not in given:
+            over.setdefault(name, value)
     if causal is not None:
         over["causal"] = bool(causal)
-    return make_spec(spec, family, **over)
+    s = make_spec(spec, family, **over)
+    return canonical_spec(s), param_layout(s)["per_head_floats"] > 0
+
+
+def _spec_for(q, v, spec, family, causal, fields):
+    # Memoized by value: a training loop calls with the same arguments every step.
+    dims = {"head_dim": q.shape[-1], "value_dim": v.shape[-1], "dtype": _DTYPES.get(q.dtype, "fp32")}
+    return _resolve(json.dumps([spec, family, causal, fields, dims], sort_keys=True))
 
 
 def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=None, head_first=False,
@@ -109,9 +119,8 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
         raise ValueError("lunajit.linear_attention: path %r is not one of %s" % (path, ", ".join(PATHS)))
     if head_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    s = _spec_for(q, k, v, spec, family, causal, spec_fields)
-    text = canonical_spec(s)
-    if params is None and param_layout(s)["per_head_floats"] > 0:
+    text, has_params = _spec_for(q, v, spec, family, causal, spec_fields)
+    if params is None and has_params:
         params = torch.ops.lunajit.init_feature_params(text, q.shape[2], int(seed)).to(q.device)
     cfg = "" if config is None else (config if isinstance(config, str) else json.dumps(config))
     o = torch.ops.lunajit.linear_attention(q, k, v, params, text, path, int(chunk), cfg, bool(kernel_backward),
