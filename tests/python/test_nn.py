@@ -163,7 +163,10 @@ def test_package_safetensors_reader_validates(tmp_path):
             st.parse(data[:n])
 
 
-def test_report_and_tune_ops():
+def test_report_and_tune_ops(tmp_path, monkeypatch):
+    # The tuning database goes to a scratch cache so that no other test (nor the
+    # C++ suites sharing LUNAJIT_CACHE_DIR) sees this tuned config.
+    monkeypatch.setenv("LUNAJIT_CACHE_DIR", str(tmp_path))
     spec = lunajit.make_spec(family="elu", head_dim=16, value_dim=16, dtype="fp32")
     r = lunajit.report(spec, shapes=[(1, 2, 64)], archs="sm_90", measure=False, compile=False)
     assert r["kernels"] and r["spec"]["family"] == "elu"
@@ -173,6 +176,7 @@ def test_report_and_tune_ops():
     # The op then serves that shape from the database without tuning again.
     again = lunajit.tune(spec, shapes=[(1, 2, 64)], backend="host", pass_="forward", max_candidates=2)
     assert again["results"][0]["from_db"]
+    assert again["database"].startswith(str(tmp_path))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device in this torch")
