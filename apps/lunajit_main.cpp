@@ -14,6 +14,7 @@
 #include "apps/cache_command.h"
 #include "apps/cli_support.h"
 #include "apps/report_command.h"
+#include "apps/run_files.h"
 #include "apps/tune_command.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
@@ -398,6 +399,8 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--check", run.check, "compare with the double-precision reference (exit 1 on failure)");
   run_cmd->add_flag("--backward", run.backward, "run the backward pass (checks dq, dk, dv and parameter gradients)");
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
+  RunFiles run_files;  // --inputs / --save (apps/run_files.h)
+  add_run_file_options(run_cmd, run_files);
 
   ReportArgs report_args;
   const ReportCommand report_cmd = add_report_command(app, report_args);
@@ -415,6 +418,9 @@ int main(int argc, char** argv) {
     if (*spec_cmd) return cmd_spec(family, as_json);
     if (*emit_cmd) return cmd_emit(emit_args, pass, as_json);
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
+    if (*run_cmd && !run_files.inputs.empty())
+      return run_with_files(run_files, run_args.spec, run_args.config_json, run_args.arch, run.backend, run.backward,
+                            run.seed, as_json);
     if (*run_cmd) return cmd_run(run_args, run, as_json);
     if (*demo_cmd) return as_json ? cmd_demo_json() : cmd_demo();
     if (*tune_cmd.cmd) return tune_cmd.run();
