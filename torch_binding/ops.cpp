@@ -2,13 +2,17 @@
 // TORCH_LIBRARY in liblunajit_torch.so: the library `import lunajit` loads into
 // PyTorch (python/lunajit/), usable as well from C++ and TorchScript.
 //
-//   linear_attention(q, k, v, params, spec, path, chunk, config, kernel_backward, check_finite)
-//       the op of torch_binding/linear_attention.h. Registered for the Autograd
+//   linear_attention(q, k, v, params, spec, path, chunk, config, kernel_backward, check_finite, key_mask)
+//       the op of torch_binding/linear_attention.h (key_mask: bool [batch,
+//       seq_k], true = real key; k, v may have fewer heads (GQA) and, non-causal,
+//       another length than q). Registered for the Autograd
 //       dispatch key (differentiable in q, k, v and params: the ATen path
 //       through ATen's autograd, the kernel paths through their
 //       autograd::Function with the backward kernels) and for
 //       CompositeExplicitAutograd (inference mode, no_grad below autograd).
 //   feature_map(x, params, spec, query)      phi(x) (ATen, differentiable)
+//   linear_attention_weights(q, k, params, spec, key_mask)   the O(n^2) weights
+//                                            [batch, heads, seq_q, seq_k] (ATen)
 //   init_feature_params(spec, heads, seed)   codegen's init_params as a tensor
 //   param_layout(spec)                       the flat layout as JSON
 //   canonical_spec(spec) / default_spec(family)   validated canonical spec JSON
@@ -76,7 +80,8 @@ AttentionPath parse_path(const std::string& s) {
 
 Tensor linear_attention_op(const Tensor& q, const Tensor& k, const Tensor& v, const c10::optional<Tensor>& params,
                            const std::string& spec_text, const std::string& path, int64_t chunk,
-                           const std::string& config, bool kernel_backward, bool check_finite) {
+                           const std::string& config, bool kernel_backward, bool check_finite,
+                           const c10::optional<Tensor>& key_mask) {
   const AttentionSpec spec = parse_spec(spec_text);
   LinearAttentionOptions opts;
   opts.path = parse_path(path);
@@ -85,7 +90,23 @@ Tensor linear_attention_op(const Tensor& q, const Tensor& k, const Tensor& v, co
   opts.kernel_backward = kernel_backward;
   opts.check_finite = check_finite;
   if (!config.empty()) opts.config = unwrap(tile_config_from_string(config, TileConfig()), "linear_attention: config");
+  if (key_mask) opts.key_mask = *key_mask;
   return linear_attention(q, k, v, params ? *params : Tensor(), spec, opts);
+}
+
+// The weights of aten::linear_attention_weights, with the op's input checks
+// (a stand-in v, as feature_map) and k repeated to q's heads for GQA.
+Tensor linear_attention_weights_op(const Tensor& q, const Tensor& k, const c10::optional<Tensor>& params,
+                                   const std::string& spec_text, const c10::optional<Tensor>& key_mask) {
+  const AttentionSpec spec = parse_spec(spec_text);
+  TORCH_CHECK(k.defined() && k.dim() == 4, "linear_attention_weights: k must be 4-D [batch, seq, heads, head_dim]");
+  const Tensor v_like = k.new_empty({1, 1, 1, spec.value_dim}).expand({k.size(0), k.size(1), k.size(2),
+                                                                       spec.value_dim});
+  const Tensor p = params ? *params : Tensor();
+  const Tensor mask = key_mask ? *key_mask : Tensor();
+  check_linear_attention_inputs(q, k, v_like, p, spec, AttentionPath::aten, false, mask);
+  return aten::linear_attention_weights(q, repeat_kv_heads(k, q.size(2)), p.defined() ? p : torch::empty({0}, q.options()),
+                                        spec, mask);
 }
 
 Tensor feature_map_op(const Tensor& x, const c10::optional<Tensor>& params, const std::string& spec, bool query) {
@@ -217,8 +238,11 @@ std::string build_info_op() {
 
 TORCH_LIBRARY(lunajit, m) {
   m.def("linear_attention(Tensor q, Tensor k, Tensor v, Tensor? params, str spec, str path=\"automatic\", "
-        "int chunk=64, str config=\"\", bool kernel_backward=True, bool check_finite=False) -> Tensor");
+        "int chunk=64, str config=\"\", bool kernel_backward=True, bool check_finite=False, Tensor? key_mask=None) "
+        "-> Tensor");
   m.def("feature_map(Tensor x, Tensor? params, str spec, bool query=True) -> Tensor", &lunajit::feature_map_op);
+  m.def("linear_attention_weights(Tensor q, Tensor k, Tensor? params, str spec, Tensor? key_mask=None) -> Tensor",
+        &lunajit::linear_attention_weights_op);
   m.def("init_feature_params(str spec, int heads, int seed=0) -> Tensor", &lunajit::init_feature_params_op);
   m.def("param_layout(str spec) -> str", &lunajit::param_layout_op);
   m.def("canonical_spec(str spec) -> str", &lunajit::canonical_spec_op);

@@ -96,11 +96,18 @@ def _spec_for(q, v, spec, family, causal, fields):
 
 def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=None, head_first=False,
                      path="automatic", chunk=64, config=None, kernel_backward=True, check_finite=False,
-                     seed=0, **spec_fields):
+                     seed=0, key_mask=None, **spec_fields):
     """Linear attention o = phi(q) S / (phi(q) z + eps) of docs/MATH.md.
 
-    q, k: [batch, seq, heads, head_dim], v: [batch, seq, heads, value_dim] (fla's
-    layout); head_first=True takes and returns [batch, heads, seq, dim].
+    q: [batch, seq_q, heads, head_dim], k: [batch, seq_k, heads_kv, head_dim], v:
+    [batch, seq_k, heads_kv, value_dim] (fla's layout); head_first=True takes and
+    returns [batch, heads, seq, dim]. heads_kv may divide heads (grouped-query
+    attention: kv head j serves query heads j*g .. j*g+g-1, as SDPA's enable_gqa);
+    seq_k may differ from seq_q when not causal (cross-attention; path aten).
+    key_mask: bool [batch, seq_k], True for real keys, False for padding (fla's
+    attention_mask meaning, the opposite of torch's key_padding_mask): masked keys
+    contribute nothing, so a padded batch equals per-sequence calls (path aten;
+    not for cosformer nor causal performer).
     spec: a dict / JSON / file (None: the default spec of `family`); head_dim,
     value_dim and dtype the spec does not set come from the tensors; `causal` and
     `spec_fields` override the spec. params: the flat feature-map parameters
@@ -124,7 +131,7 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
         params = torch.ops.lunajit.init_feature_params(text, q.shape[2], int(seed)).to(q.device)
     cfg = "" if config is None else (config if isinstance(config, str) else json.dumps(config))
     o = torch.ops.lunajit.linear_attention(q, k, v, params, text, path, int(chunk), cfg, bool(kernel_backward),
-                                           bool(check_finite))
+                                           bool(check_finite), key_mask)
     return o.transpose(1, 2) if head_first else o
 
 

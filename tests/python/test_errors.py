@@ -34,7 +34,9 @@ def test_wrong_parameter_count():
 
 def test_batch_mismatch():
     q, k, v = qkv()
-    with pytest.raises(RuntimeError, match=r"k has \[batch, seq, heads\]"):
+    with pytest.raises(RuntimeError, match=r"k has batch 1 but q has 2"):
+        lunajit.linear_attention(torch.cat([q, q]), k, v, spec=SPEC, params=params())
+    with pytest.raises(RuntimeError, match=r"v has \[seq, heads\] = \[\d+, \d+\] but k has \[3, \d+\]"):
         lunajit.linear_attention(q, k[:, :3], v, spec=SPEC, params=params())
 
 

@@ -170,6 +170,83 @@ def test_host_kernel_path_forward_and_backward():
         assert rel(a, b) < 1e-4, name
 
 
+# key_mask, grouped-query attention and cross-attention (docs/MATH.md, "Padding,
+# GQA, cross-attention"). fp64 so that the equalities hold to ~1e-12.
+MASKABLE = sorted(n for n in SPECS if n != "cosformer")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", MASKABLE)
+def test_key_mask_padded_batch_equals_per_sequence_calls(name, causal):
+    spec = spec_of(name, causal)
+    q, k, v = inputs(3, 6, 2, D, DV, torch.float64, seed=7)
+    p = params_of(spec, 2)
+    keep = torch.zeros(3, 6, dtype=torch.bool)  # True = real key (fla's attention_mask)
+    keep[0], keep[1, :3], keep[2, 4:] = True, True, True  # full, right-padded, left-padded
+    run = lambda q, k, v, m=None: lunajit.linear_attention(q, k, v, spec=spec, params=p, chunk=4, key_mask=m)  # noqa
+    if causal and name == "performer":
+        with pytest.raises(RuntimeError, match="key_mask is not supported for causal performer"):
+            run(q, k, v, keep)
+        return
+    o = run(q, k, v, keep)
+    for b, (s, n) in enumerate([(0, 6), (0, 3), (4, 2)]):
+        want = run(q[b:b + 1, s:s + n], k[b:b + 1, s:s + n], v[b:b + 1, s:s + n])
+        assert (o[b:b + 1, s:s + n] - want).abs().max().item() <= 1e-12 * max(1.0, want.abs().max().item())
+    # Masked keys never influence any output: other pad keys and values, bitwise the same o.
+    pad = (~keep)[:, :, None, None]
+    k2 = torch.where(pad, 10 * torch.randn_like(k), k)
+    v2 = torch.where(pad, 10 * torch.randn_like(v), v)
+    assert torch.equal(run(q, k2, v2, keep), o)
+
+
+def test_key_mask_rejections():
+    q, k, v = inputs(2, 5, 2, D, DV, torch.float32)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="key_mask is not supported for family cosformer"):
+        lunajit.linear_attention(q, k, v, family="cosformer", key_mask=keep)
+    with pytest.raises(RuntimeError, match="key_mask is supported on path aten only"):
+        lunajit.linear_attention(q, k, v, family="elu", key_mask=keep, path="host_kernels")
+    with pytest.raises(RuntimeError, match="key_mask must be bool"):
+        lunajit.linear_attention(q, k, v, family="elu", key_mask=keep.float())
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", ["luna", "performer", "hedgehog", "cosformer"])
+def test_grouped_query_equals_repeated_kv_heads(name, causal):
+    spec = spec_of(name, causal)
+    q, _, _ = inputs(2, 7, 4, D, DV, torch.float64, seed=8)
+    _, k, v = inputs(2, 7, 2, D, DV, torch.float64, seed=9)
+    p = params_of(spec, 4)
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    # The reference repeats the kv heads explicitly (SDPA's enable_gqa order); the C++
+    # test (op_test.cpp) also holds GQA against the independent plain composition.
+    o = lunajit.linear_attention(*ins, spec=spec, params=p, chunk=3)
+    r = lunajit.linear_attention(ref_ins[0], ref_ins[1].repeat_interleave(2, 2), ref_ins[2].repeat_interleave(2, 2),
+                                 spec=spec, params=p, chunk=3)
+    assert o.shape == (2, 7, 4, DV) and torch.equal(o, r)
+    w = torch.randn_like(r)
+    for a, b in zip(torch.autograd.grad((o * w).sum(), ins), torch.autograd.grad((r * w).sum(), ref_ins)):
+        assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-9 * max(1.0, b.abs().max().item())
+    with pytest.raises(RuntimeError, match="k and v have 3 heads, which does not divide q's 4 heads"):
+        lunajit.linear_attention(q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1),
+                                 spec=spec, params=p)
+
+
+@pytest.mark.parametrize("name", ["luna", "performer", "rff", "hedgehog", "slay"])
+def test_cross_attention_matches_plain(name):
+    spec = spec_of(name, False)
+    q, _, _ = inputs(2, 4, 2, D, DV, torch.float64, seed=10)
+    _, k, v = inputs(2, 9, 2, D, DV, torch.float64, seed=11)
+    p = params_of(spec, 2)
+    o = lunajit.linear_attention(q, k, v, spec=spec, params=p)
+    r = plain.linear_attention(q, k, v, None if p is None else p.double(), spec)
+    assert o.shape == (2, 4, 2, DV)
+    assert (o - r).abs().max().item() <= 1e-9 * max(1.0, r.abs().max().item())
+    with pytest.raises(RuntimeError, match="causal attention needs seq_q == seq_k"):
+        lunajit.linear_attention(q, k, v, spec=spec_of(name, True), params=p)
+
+
 def test_library_matches_the_running_torch():
     # The ABI check: the C++ TORCH_VERSION the library was compiled with is the
     # version of the torch it was loaded into (Debian's python3-torch and
