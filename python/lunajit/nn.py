@@ -7,8 +7,11 @@ parameter names, so checkpoints move between C++ and Python):
                               ones (performer, rff, slay), None for elu, relu, cosformer
     LinearAttention           the core on [batch, seq, heads, dim] (FeatureMap + op)
     MultiheadLinearAttention  a drop-in for torch.nn.MultiheadAttention (batch_first,
-                              need_weights, average_attn_weights; masks rejected:
-                              causality is the spec's causal flag)
+                              key_padding_mask, need_weights (default False),
+                              average_attn_weights, num_kv_heads for grouped-query
+                              attention, key/value of another length when not
+                              causal; attn_mask rejected: causality is the spec's
+                              causal flag)
     save_safetensors / load_safetensors   checkpoints that store the spec of every
                               FeatureMap and check it on load
 """
@@ -72,25 +75,24 @@ class LinearAttention(torch.nn.Module):
         self.normalize = bool(spec["normalize"])
         self.eps = float(spec["eps"])
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _params(self) -> Optional[torch.Tensor]:
         p = self.feature_map.params
         # A module moved to fp16/bf16 keeps working: the op reads fp32 (or fp64)
         # parameters, and the cast is differentiable, so gradients reach them.
         if p is not None and p.dtype != torch.float32 and p.dtype != torch.float64:
             p = p.float()
-        return torch.ops.lunajit.linear_attention(q, k, v, p, self.spec_json, self.path, self.chunk, self.config,
-                                                  self.kernel_backward, False)
+        return p
 
-    def weights(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """k, v may have fewer heads (GQA) and, when not causal, another length;
+        key_mask: bool [batch, seq_k], True for real keys (lunajit.linear_attention)."""
+        return torch.ops.lunajit.linear_attention(q, k, v, self._params(), self.spec_json, self.path, self.chunk,
+                                                  self.config, self.kernel_backward, False, key_mask)
+
+    def weights(self, q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The weights linear attention applies, [batch, heads, seq_q, seq_k] (O(n^2))."""
-        pq = self.feature_map(q, True).transpose(1, 2)
-        pk = self.feature_map(k, False).transpose(1, 2)
-        a = torch.matmul(pq, pk.transpose(-1, -2))
-        if self.causal:
-            a = a.tril()
-        if self.normalize:
-            a = a / (a.sum(-1, keepdim=True) + self.eps)
-        return a
+        return torch.ops.lunajit.linear_attention_weights(q, k, self._params(), self.spec_json, key_mask)
 
 
 class MultiheadLinearAttention(torch.nn.Module):
@@ -98,16 +100,31 @@ class MultiheadLinearAttention(torch.nn.Module):
 
     spec (or family + spec fields) sets the feature map; head_dim = value_dim =
     embed_dim // num_heads and dtype fp32 are filled in. forward(query, key,
-    value) -> (attn_output, attn_weights or None); query, key and value must have
-    the same shape ([seq, batch, embed], or [batch, seq, embed] with batch_first)."""
+    value, key_padding_mask=None, need_weights=False) -> (attn_output,
+    attn_weights or None); query is [seq_q, batch, embed] (or [batch, seq_q,
+    embed] with batch_first), key and value alike with seq_k, which may differ
+    from seq_q when not causal (not with dwc). key_padding_mask: bool [batch,
+    seq_k], True for padding (torch's meaning): pad keys contribute nothing, so
+    real tokens' outputs equal those of the unpadded sequences (not for cosformer
+    nor causal performer). need_weights defaults to False (torch: True): the
+    weights are O(seq_q * seq_k). num_kv_heads (None: num_heads) divides
+    num_heads: grouped-query attention, k_proj / v_proj project to num_kv_heads
+    heads."""
 
     def __init__(self, embed_dim, num_heads, spec=None, family="luna", causal=None, bias=True, batch_first=False,
                  dwc=False, dwc_kernel=5, seed=0, path="automatic", chunk=64, device=None, dtype=None,
-                 **spec_fields):
+                 num_kv_heads=None, **spec_fields):
         super().__init__()
         if num_heads < 1 or embed_dim % num_heads:
             raise ValueError("MultiheadLinearAttention: embed_dim (%d) must be a multiple of num_heads (%d)"
                              % (embed_dim, num_heads))
+        kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
+        if kv_heads < 1 or num_heads % kv_heads:
+            raise ValueError("MultiheadLinearAttention: num_kv_heads (%d) must divide num_heads (%d)"
+                             % (kv_heads, num_heads))
+        if dwc and kv_heads != num_heads:
+            raise ValueError("MultiheadLinearAttention: dwc needs num_kv_heads == num_heads (the convolution of V is "
+                             "added to every query head), got num_kv_heads = %d" % kv_heads)
         hd = embed_dim // num_heads
         over = dict(spec_fields, head_dim=hd, value_dim=hd)
         if spec is None:
@@ -115,11 +132,12 @@ class MultiheadLinearAttention(torch.nn.Module):
         if causal is not None:
             over["causal"] = bool(causal)
         self.embed_dim, self.num_heads, self.head_dim = int(embed_dim), int(num_heads), hd
+        self.num_kv_heads = kv_heads
         self.batch_first = bool(batch_first)
         kw = {"device": device, "dtype": dtype}
         self.q_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
-        self.k_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
-        self.v_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
+        self.k_proj = torch.nn.Linear(embed_dim, kv_heads * hd, bias=bias, **kw)
+        self.v_proj = torch.nn.Linear(embed_dim, kv_heads * hd, bias=bias, **kw)
         self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
         self.dwc_kernel = int(dwc_kernel)
         self.dwc = (torch.nn.Conv1d(embed_dim, embed_dim, self.dwc_kernel, groups=embed_dim, bias=False, **kw)
@@ -129,29 +147,52 @@ class MultiheadLinearAttention(torch.nn.Module):
             self.core.to(device)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
+                key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = False,
                 attn_mask: Optional[torch.Tensor] = None,
                 average_attn_weights: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        if key_padding_mask is not None:
-            raise ValueError("MultiheadLinearAttention: key_padding_mask is not supported (linear attention has no "
-                             "per-pair mask); pad with zeros or pack sequences")
         if attn_mask is not None:
             raise ValueError("MultiheadLinearAttention: attn_mask is not supported; causality is the spec's causal "
                              "flag")
-        if query.dim() != 3 or query.size(2) != self.embed_dim:
-            raise ValueError("MultiheadLinearAttention: query must be 3-D with embed_dim %d last, got %s"
-                             % (self.embed_dim, list(query.shape)))
-        if query.shape != key.shape or key.shape != value.shape:
-            raise ValueError("MultiheadLinearAttention: query, key and value must have the same shape, got %s, %s, %s"
-                             % (list(query.shape), list(key.shape), list(value.shape)))
+        names = ["query", "key", "value"]
+        tensors = [query, key, value]
+        for i in range(3):
+            t = tensors[i]
+            if t.dim() != 3 or t.size(2) != self.embed_dim:
+                raise ValueError("MultiheadLinearAttention: %s must be 3-D with embed_dim %d last, got %s"
+                                 % (names[i], self.embed_dim, list(t.shape)))
+        bd = 0 if self.batch_first else 1
+        sd = 1 - bd
+        if key.shape != value.shape or key.size(bd) != query.size(bd):
+            raise ValueError("MultiheadLinearAttention: key and value must have the same shape, with query's batch, "
+                             "got query %s, key %s, value %s" % (list(query.shape), list(key.shape), list(value.shape)))
+        b, n, nk = query.size(bd), query.size(sd), key.size(sd)
+        if nk != n and self.core.causal:
+            raise ValueError("MultiheadLinearAttention: a causal core needs key and value as long as query (seq %d), "
+                             "got seq_k = %d; cross-attention of different lengths is non-causal only" % (n, nk))
+        if nk != n and self.dwc is not None:
+            raise ValueError("MultiheadLinearAttention: dwc needs key and value as long as query (seq %d), got "
+                             "seq_k = %d" % (n, nk))
+        keep: Optional[torch.Tensor] = None
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool:
+                raise ValueError("MultiheadLinearAttention: key_padding_mask must be bool (True = padding), got %s; "
+                                 "additive float masks are not supported" % key_padding_mask.dtype)
+            if list(key_padding_mask.shape) != [b, nk]:
+                raise ValueError("MultiheadLinearAttention: key_padding_mask must be [batch, seq_k] = [%d, %d], "
+                                 "got %s" % (b, nk, list(key_padding_mask.shape)))
+            keep = key_padding_mask.logical_not()
         qp, kp, vp = self.q_proj(query), self.k_proj(key), self.v_proj(value)
         if not self.batch_first:
             qp, kp, vp = qp.transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1)
-        b, n = qp.size(0), qp.size(1)
-        shape = [b, n, self.num_heads, self.head_dim]
-        attn = self.core(qp.reshape(shape), kp.reshape(shape), vp.reshape(shape)).reshape(b, n, self.embed_dim)
+        qh = qp.reshape([b, n, self.num_heads, self.head_dim])
+        kh = kp.reshape([b, nk, self.num_kv_heads, self.head_dim])
+        vh = vp.reshape([b, nk, self.num_kv_heads, self.head_dim])
+        attn = self.core(qh, kh, vh, keep).reshape(b, n, self.embed_dim)
         dwc = self.dwc
         if dwc is not None:
+            # Pad positions hold zero, as the zero padding past an unpadded sequence.
+            if keep is not None:
+                vp = vp.masked_fill(keep.logical_not().unsqueeze(-1), 0.0)
             vc = vp.transpose(1, 2)
             kw = self.dwc_kernel
             padded = F.pad(vc, [kw - 1, 0]) if self.core.causal else F.pad(vc, [(kw - 1) // 2, kw // 2])
@@ -161,7 +202,7 @@ class MultiheadLinearAttention(torch.nn.Module):
             out = out.transpose(0, 1)
         weights: Optional[torch.Tensor] = None
         if need_weights:
-            w = self.core.weights(qp.reshape(shape), kp.reshape(shape))
+            w = self.core.weights(qh, kh, keep)
             weights = w.mean(1) if average_attn_weights else w
         return out, weights
 

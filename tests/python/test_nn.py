@@ -37,17 +37,95 @@ def test_multihead_drop_in_shapes(batch_first):
     ref = torch.nn.MultiheadAttention(16, 4, batch_first=batch_first)
     m = lnn.MultiheadLinearAttention(16, 4, spec=LUNA, batch_first=batch_first)
     x = torch.randn(2, 7, 16) if batch_first else torch.randn(7, 2, 16)
-    (o_ref, w_ref), (o, w) = ref(x, x, x), m(x, x, x)
+    (o_ref, w_ref), (o, w) = ref(x, x, x), m(x, x, x, need_weights=True)
     assert o.shape == o_ref.shape and w.shape == w_ref.shape
+    o0, w0 = m(x, x, x)  # need_weights defaults to False (torch's: True): O(n^2) weights only when asked
+    assert w0 is None and torch.equal(o0, o)
     # Normalized rows sum to s / (s + eps), 1 up to eps = 1e-6 where phi > 0 (elu + 1).
     elu = lnn.MultiheadLinearAttention(16, 4, family="elu", batch_first=batch_first)
-    rows = elu(x, x, x, average_attn_weights=False)[1].sum(-1)
+    rows = elu(x, x, x, need_weights=True, average_attn_weights=False)[1].sum(-1)
     assert rows.shape == (2, 4, 7) and torch.allclose(rows, torch.ones_like(rows), atol=1e-4)
     o2, w2 = m(x, x, x, need_weights=False)
     assert w2 is None and torch.equal(o2, o)
-    assert m(x, x, x, average_attn_weights=False)[1].shape == (2, 4, 7, 7)
-    with pytest.raises(ValueError, match="key_padding_mask is not supported"):
-        m(x, x, x, key_padding_mask=torch.zeros(2, 7, dtype=torch.bool))
+    assert m(x, x, x, need_weights=True, average_attn_weights=False)[1].shape == (2, 4, 7, 7)
+    with pytest.raises(ValueError, match="key_padding_mask must be bool"):
+        m(x, x, x, key_padding_mask=torch.zeros(2, 7))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be \[batch, seq_k\] = \[2, 7\]"):
+        m(x, x, x, key_padding_mask=torch.zeros(2, 6, dtype=torch.bool))
+
+
+# [seq 6, batch 3]: batch 0 full, 1 right-padded to 3 tokens, 2 left-padded to 2.
+PAD_START, PAD_LEN = (0, 0, 4), (6, 3, 2)
+
+
+def padding_mask():
+    pad = torch.ones(3, 6, dtype=torch.bool)  # torch's meaning: True = padding
+    for b in range(3):
+        pad[b, PAD_START[b]:PAD_START[b] + PAD_LEN[b]] = False
+    return pad
+
+
+@pytest.mark.parametrize("dwc", [False, True], ids=["plain", "dwc"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("family", ["luna", "performer", "hedgehog", "elu"])
+def test_key_padding_mask_equals_per_sequence_calls(family, causal, dwc):
+    torch.manual_seed(1)
+    m = lnn.MultiheadLinearAttention(16, 2, family=family, causal=causal, dwc=dwc)
+    x, pad = torch.randn(6, 3, 16), padding_mask()
+    if causal and family == "performer":
+        with pytest.raises(RuntimeError, match="key_mask is not supported for causal performer"):
+            m(x, x, x, key_padding_mask=pad)
+        return
+    y, w = m(x, x, x, key_padding_mask=pad, need_weights=True)
+    for b in range(3):
+        s, n = PAD_START[b], PAD_LEN[b]
+        xb = x[s:s + n, b:b + 1]
+        want = m(xb, xb, xb)[0]
+        assert torch.allclose(y[s:s + n, b:b + 1], want, atol=1e-5, rtol=1e-5), (b, (y[s:s + n, b:b + 1] - want).abs().max())
+    assert (w * pad.unsqueeze(1)).abs().max().item() == 0.0  # pad keys get no weight
+    # Other pad tokens: real tokens' outputs are bitwise the same.
+    x2 = torch.where(pad.t().unsqueeze(-1), 10 * torch.randn_like(x), x)
+    y2 = m(x2, x2, x2, key_padding_mask=pad)[0]
+    real = ~pad.t()
+    assert torch.equal(y[real], y2[real])
+    # Zero-padding without the mask is not the same: phi of a pad token is not zero.
+    if not causal:
+        xz = x.clone()
+        xz[3:, 1] = 0
+        assert not torch.allclose(m(xz, xz, xz)[0][:3, 1], y[:3, 1], atol=1e-4)
+
+
+def test_grouped_query_attention_module():
+    torch.manual_seed(2)
+    m = lnn.MultiheadLinearAttention(16, 4, spec=LUNA, causal=True, batch_first=True, num_kv_heads=2)
+    assert m.k_proj.weight.shape == (8, 16) and m.v_proj.weight.shape == (8, 16)
+    x = torch.randn(2, 5, 16)
+    y = m(x, x, x)[0]
+    q = m.q_proj(x).reshape(2, 5, 4, 4)
+    k = m.k_proj(x).reshape(2, 5, 2, 4).repeat_interleave(2, 2)
+    v = m.v_proj(x).reshape(2, 5, 2, 4).repeat_interleave(2, 2)
+    want = m.out_proj(m.core(q, k, v).reshape(2, 5, 16))
+    assert torch.allclose(y, want, atol=1e-6)
+    assert m(x, x, x, need_weights=True)[1].shape == (2, 5, 5)
+    with pytest.raises(ValueError, match=r"num_kv_heads \(3\) must divide num_heads \(4\)"):
+        lnn.MultiheadLinearAttention(16, 4, spec=LUNA, num_kv_heads=3)
+
+
+def test_cross_attention_module():
+    torch.manual_seed(3)
+    m = lnn.MultiheadLinearAttention(16, 2, family="hedgehog")
+    query, mem = torch.randn(4, 2, 16), torch.randn(7, 2, 16)
+    y, w = m(query, mem, mem, need_weights=True)
+    assert y.shape == (4, 2, 16) and w.shape == (2, 4, 7)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4), atol=1e-5)
+    # The output is the weights applied to the projected values (a plain composition).
+    vh = m.v_proj(mem).transpose(0, 1).reshape(2, 7, 2, 8).transpose(1, 2)          # (B, H, Nk, hd)
+    wh = m(query, mem, mem, need_weights=True, average_attn_weights=False)[1]      # (B, H, Nq, Nk)
+    want = m.out_proj((wh @ vh).transpose(1, 2).reshape(2, 4, 16)).transpose(0, 1)
+    assert torch.allclose(y, want, atol=1e-5)
+    causal = lnn.MultiheadLinearAttention(16, 2, family="hedgehog", causal=True)
+    with pytest.raises(ValueError, match="a causal core needs key and value as long as query"):
+        causal(query, mem, mem)
 
 
 def test_modules_train():
