@@ -97,7 +97,12 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
   if (opt.measure) {
     auto b = CudaBackend::create();
     if (b) gpu = std::move(*b);
-    else notes.push_back("no GPU: every time is predicted from the roofline (" + first_line(b.error().message) + ")");
+    else {
+      // The driver's message ends in a hint for `run` ("use --backend host"), an option report has not.
+      std::string why = first_line(b.error().message);
+      if (const size_t hint = why.find("; use --backend host"); hint != std::string::npos) why.erase(hint);
+      notes.push_back("no GPU: every time is predicted from the roofline (" + why + ")");
+    }
   } else {
     notes.push_back("measurement off: every time is predicted from the roofline");
   }
