@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -47,6 +48,18 @@
 #if defined(LUNAJIT_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+// ThreadSanitizer: every fiber is a TSan fiber, switched to before each jump
+// (the sanitizer's fiber API; without it TSan sees one thread jumping stacks).
+#if defined(__SANITIZE_THREAD__)
+#define LUNAJIT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LUNAJIT_TSAN 1
+#endif
+#endif
+#if defined(LUNAJIT_TSAN)
+#include <sanitizer/tsan_interface.h>
 #endif
 
 namespace lunajit::host {
@@ -111,8 +124,25 @@ struct Fiber {
   int param = 0;
   int width = 32;
   unsigned long long result = 0;
+  // lunajit_emu_warp_collective: what the lane waits at.
+  LunajitEmuCollectiveFn collective = nullptr;
+  const char* collective_what = nullptr;
+  const char* file = nullptr;
+  int line = 0;
+  // cp.async: the open group and the committed, pending ones (oldest first).
+  struct AsyncCopy {
+    unsigned char* dst;
+    const unsigned char* src;
+    unsigned bytes, src_bytes;
+    int line;
+  };
+  std::vector<AsyncCopy> open_copies;
+  std::deque<std::vector<AsyncCopy>> pending_groups;
 #if defined(LUNAJIT_ASAN)
   void* fake_stack = nullptr;
+#endif
+#if defined(LUNAJIT_TSAN)
+  void* tsan_fiber = nullptr;
 #endif
 };
 
@@ -129,6 +159,7 @@ const char* warp_op_name(int op) {
     case LUNAJIT_EMU_REDUCE_ADD: return "__reduce_add_sync";
     case LUNAJIT_EMU_REDUCE_MIN: return "__reduce_min_sync";
     case LUNAJIT_EMU_REDUCE_MAX: return "__reduce_max_sync";
+    case LUNAJIT_EMU_COLLECTIVE: return "a warp collective (mma/ldmatrix)";
     default: return "a warp operation";
   }
 }
@@ -144,6 +175,11 @@ class BlockRunner {
   // Called by the kernel through host_abi.h, on the current fiber.
   int syncthreads(int predicate);
   unsigned long long warp_op(int op, unsigned mask, unsigned long long value, int param, int width);
+  void warp_collective(LunajitEmuCollectiveFn fn, const char* what, unsigned mask, void* payload, const char* file,
+                       int line);
+  void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes, int line);
+  void cp_async_commit();
+  void cp_async_wait(int pending, int line);
   [[noreturn]] void trap(const char* what);
 
  private:
@@ -153,6 +189,9 @@ class BlockRunner {
   [[noreturn]] void yield_forever();
   void fail(std::string message);
   void complete_warp_op(unsigned warp, unsigned mask);
+  void complete_collective(unsigned warp, unsigned mask);
+  void complete_copies(Fiber& f, std::vector<Fiber::AsyncCopy>& group, int wait_line);
+  std::string site_text(const Fiber& f) const;
   unsigned warp_lanes(unsigned warp) const {
     unsigned n = std::min(kWarpSize, n_ - warp * kWarpSize);
     return n == kWarpSize ? 0xffffffffu : ((1u << n) - 1);
@@ -178,6 +217,9 @@ class BlockRunner {
   const void* scheduler_stack_bottom_ = nullptr;
   std::size_t scheduler_stack_size_ = 0;
 #endif
+#if defined(LUNAJIT_TSAN)
+  void* scheduler_tsan_fiber_ = nullptr;
+#endif
 };
 
 thread_local LunajitEmuContext t_context{};
@@ -196,7 +238,16 @@ void BlockRunner::fiber_main(fctx::transfer_t t) {
   __sanitizer_finish_switch_fiber(me.fake_stack, &self->scheduler_stack_bottom_, &self->scheduler_stack_size_);
 #endif
   self->launch_->entry(self->launch_->args);
-  self->fibers_[self->current_].state = FiberState::finished;
+  Fiber& f = self->fibers_[self->current_];
+  // A thread that exits with copies in flight: they still land (the block's
+  // other threads may wait on them through a barrier).
+  if (!f.open_copies.empty()) f.pending_groups.push_back(std::move(f.open_copies));
+  while (!f.pending_groups.empty() && !self->failure_) {
+    std::vector<Fiber::AsyncCopy> g = std::move(f.pending_groups.front());
+    f.pending_groups.pop_front();
+    self->complete_copies(f, g, 0);
+  }
+  f.state = FiberState::finished;
   self->yield_forever();
 }
 
@@ -206,6 +257,9 @@ void BlockRunner::resume(unsigned i) {
   t_context.thread_idx = f.idx;
 #if defined(LUNAJIT_ASAN)
   __sanitizer_start_switch_fiber(&scheduler_fake_stack_, stacks_.stack(i), stacks_.bytes());
+#endif
+#if defined(LUNAJIT_TSAN)
+  __tsan_switch_to_fiber(f.tsan_fiber, 0);
 #endif
   fctx::transfer_t t = fctx::jump_fcontext(f.context, this);
 #if defined(LUNAJIT_ASAN)
@@ -219,6 +273,9 @@ void BlockRunner::yield() {
   Fiber& me = fibers_[current_];
   __sanitizer_start_switch_fiber(&me.fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
 #endif
+#if defined(LUNAJIT_TSAN)
+  __tsan_switch_to_fiber(scheduler_tsan_fiber_, 0);
+#endif
   fctx::transfer_t t = fctx::jump_fcontext(scheduler_, nullptr);
   scheduler_ = t.fctx;
 #if defined(LUNAJIT_ASAN)
@@ -229,6 +286,9 @@ void BlockRunner::yield() {
 void BlockRunner::yield_forever() {
 #if defined(LUNAJIT_ASAN)
   __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
+#endif
+#if defined(LUNAJIT_TSAN)
+  __tsan_switch_to_fiber(scheduler_tsan_fiber_, 0);
 #endif
   fctx::jump_fcontext(scheduler_, nullptr);
   std::abort();  // never resumed: the scheduler forgets finished and abandoned fibers
@@ -291,6 +351,9 @@ unsigned long long BlockRunner::warp_op(int op, unsigned mask, unsigned long lon
 void BlockRunner::complete_warp_op(unsigned warp, unsigned mask) {
   Fiber* lanes = &fibers_[warp * kWarpSize];
   const Fiber& first = lanes[__builtin_ctz(mask)];
+  for (unsigned m = mask; m != 0; m &= m - 1) {
+    if (lanes[__builtin_ctz(m)].op == LUNAJIT_EMU_COLLECTIVE) return complete_collective(warp, mask);
+  }
   for (unsigned m = mask; m != 0; m &= m - 1) {
     const Fiber& f = lanes[__builtin_ctz(m)];
     bool both_syncwarp = f.op == LUNAJIT_EMU_SYNCWARP && first.op == LUNAJIT_EMU_SYNCWARP;
@@ -357,6 +420,120 @@ void BlockRunner::complete_warp_op(unsigned warp, unsigned mask) {
   warp_arrived_[warp] &= ~mask;
 }
 
+std::string BlockRunner::site_text(const Fiber& f) const {
+  if (f.op != LUNAJIT_EMU_COLLECTIVE) return warp_op_name(f.op);
+  const char* file = f.file != nullptr ? f.file : "?";
+  if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
+  return fmt::format("{} at {}:{}", f.collective_what, file, f.line);
+}
+
+void BlockRunner::warp_collective(LunajitEmuCollectiveFn fn, const char* what, unsigned mask, void* payload,
+                                  const char* file, int line) {
+  const unsigned warp = current_ / kWarpSize;
+  const unsigned lane = current_ % kWarpSize;
+  Fiber& me = fibers_[current_];
+  me.op = LUNAJIT_EMU_COLLECTIVE;
+  me.mask = mask;
+  me.value = reinterpret_cast<unsigned long long>(payload);
+  me.collective = fn;
+  me.collective_what = what;
+  me.file = file;
+  me.line = line;
+  if (mask != 0xffffffffu || warp_lanes(warp) != 0xffffffffu) {
+    fail(fmt::format("warp {}: thread {} is at {} with mask {:#010x} in a warp of {} lanes: the instruction needs "
+                     "all 32 lanes of a full warp",
+                     warp, thread_text(current_), site_text(me), mask, __builtin_popcount(warp_lanes(warp))));
+    yield_forever();
+  }
+  warp_arrived_[warp] |= 1u << lane;
+  if ((warp_arrived_[warp] & mask) == mask) {
+    complete_warp_op(warp, mask);
+    if (failure_) yield_forever();
+    return;
+  }
+  me.state = FiberState::at_warp_op;
+  yield();
+}
+
+// Every lane of `mask` is at a collective: the same one everywhere, or an error.
+void BlockRunner::complete_collective(unsigned warp, unsigned mask) {
+  Fiber* lanes = &fibers_[warp * kWarpSize];
+  const Fiber& first = lanes[__builtin_ctz(mask)];
+  for (unsigned m = mask; m != 0; m &= m - 1) {
+    const Fiber& f = lanes[__builtin_ctz(m)];
+    const bool same = f.op == LUNAJIT_EMU_COLLECTIVE && first.op == LUNAJIT_EMU_COLLECTIVE &&
+                      f.collective == first.collective && f.mask == first.mask && f.line == first.line &&
+                      std::strcmp(f.collective_what, first.collective_what) == 0 &&
+                      (f.file == first.file || std::strcmp(f.file, first.file) == 0);
+    if (!same) {
+      fail(fmt::format("warp {}: thread {} is at {} (mask {:#010x}) while thread {} is at {} (mask {:#010x}); "
+                       "every lane of the warp must execute the same warp-level matrix instruction",
+                       warp, dim_text(first.idx), site_text(first), first.mask, dim_text(f.idx), site_text(f),
+                       f.mask));
+      return;
+    }
+  }
+  void* payloads[kWarpSize] = {};
+  for (unsigned m = mask; m != 0; m &= m - 1) {
+    const unsigned l = __builtin_ctz(m);
+    payloads[l] = reinterpret_cast<void*>(lanes[l].value);
+  }
+  first.collective(payloads, mask);  // may trap (fails the block and never returns)
+  for (unsigned m = mask; m != 0; m &= m - 1) {
+    Fiber& f = lanes[__builtin_ctz(m)];
+    if (f.state == FiberState::at_warp_op) f.state = FiberState::runnable;
+  }
+  warp_arrived_[warp] &= ~mask;
+}
+
+void BlockRunner::cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes, int line) {
+  Fiber& me = fibers_[current_];
+  const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
+  if (d % bytes != 0 || s % bytes != 0) {
+    fail(fmt::format("thread {}: cp.async of {} bytes at line {} with a misaligned address (dst {:#x}, src {:#x}; "
+                     "both must be {}-byte aligned)",
+                     thread_text(current_), bytes, line, d, s, bytes));
+    yield_forever();
+  }
+  std::memset(dst, 0xFF, bytes);  // poison: NaN in every float type until the wait
+  me.open_copies.push_back(
+      {static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes, src_bytes, line});
+}
+
+void BlockRunner::cp_async_commit() {
+  Fiber& me = fibers_[current_];
+  me.pending_groups.push_back(std::move(me.open_copies));  // an empty group is allowed
+  me.open_copies.clear();
+}
+
+void BlockRunner::cp_async_wait(int pending, int line) {
+  Fiber& me = fibers_[current_];
+  while (me.pending_groups.size() > static_cast<std::size_t>(std::max(pending, 0))) {
+    std::vector<Fiber::AsyncCopy> g = std::move(me.pending_groups.front());
+    me.pending_groups.pop_front();
+    complete_copies(me, g, line);
+    if (failure_) yield_forever();
+  }
+}
+
+// Lands a group of copies; the destinations must still hold the poison.
+void BlockRunner::complete_copies(Fiber& f, std::vector<Fiber::AsyncCopy>& group, int wait_line) {
+  for (const Fiber::AsyncCopy& c : group) {
+    for (unsigned i = 0; i < c.bytes; ++i) {
+      if (c.dst[i] != 0xFF) {
+        fail(fmt::format("thread {}: the destination of the cp.async issued at line {} was written while the copy was "
+                         "pending (byte {} of {}; found at the wait_group {}): a cp.async destination may be touched "
+                         "only after the wait_group that covers it",
+                         dim_text(f.idx), c.line, i, c.bytes,
+                         wait_line > 0 ? fmt::format("at line {}", wait_line) : std::string("at thread exit")));
+        return;
+      }
+    }
+    std::memcpy(c.dst, c.src, c.src_bytes);
+    if (c.src_bytes < c.bytes) std::memset(c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
+  }
+}
+
 // No fiber is runnable but some are alive: say why, naming threads.
 std::string BlockRunner::deadlock_message() const {
   std::optional<unsigned> finished, at_barrier, at_warp;
@@ -375,7 +552,7 @@ std::string BlockRunner::deadlock_message() const {
     const Fiber& w = fibers_[*at_warp];
     return fmt::format("thread {} waits at __syncthreads() while thread {} waits at {} (mask {:#010x}): "
                        "divergent barrier",
-                       thread_text(*at_barrier), thread_text(*at_warp), warp_op_name(w.op), w.mask);
+                       thread_text(*at_barrier), thread_text(*at_warp), site_text(w), w.mask);
   }
   if (at_warp) {
     const Fiber& w = fibers_[*at_warp];
@@ -383,13 +560,13 @@ std::string BlockRunner::deadlock_message() const {
     for (unsigned m = w.mask & ~warp_arrived_[warp]; m != 0; m &= m - 1) {
       const unsigned other = warp * kWarpSize + __builtin_ctz(m);
       const char* where = fibers_[other].state == FiberState::finished ? "has exited" : "never arrives";
-      return fmt::format("thread {} waits at {} with mask {:#010x} but lane {} (thread {}) {}: divergent warp "
-                         "operation",
-                         thread_text(*at_warp), warp_op_name(w.op), w.mask, other % kWarpSize,
+      return fmt::format("warp {}: thread {} waits at {} with mask {:#010x} but lane {} (thread {}) {}: divergent "
+                         "warp operation",
+                         warp, thread_text(*at_warp), site_text(w), w.mask, other % kWarpSize,
                          thread_text(other), where);
     }
     return fmt::format("thread {} waits at {} with mask {:#010x}, which no other lane completes",
-                       thread_text(*at_warp), warp_op_name(w.op), w.mask);
+                       thread_text(*at_warp), site_text(w), w.mask);
   }
   return "no thread can make progress";
 }
@@ -424,12 +601,21 @@ Status BlockRunner::run(const GridLaunch& launch, LunajitEmuDim3 block_idx) {
     __asan_unpoison_memory_region(stack, stacks_.bytes());  // an abandoned fiber may have left it poisoned
 #endif
     Fiber& f = fibers_[i];
+#if defined(LUNAJIT_TSAN)
+    if (f.tsan_fiber != nullptr) __tsan_destroy_fiber(f.tsan_fiber);
+#endif
     f = Fiber{};
+#if defined(LUNAJIT_TSAN)
+    f.tsan_fiber = __tsan_create_fiber(0);
+#endif
     f.idx = {i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
     f.context = fctx::make_fcontext(static_cast<char*>(stack) + stacks_.bytes(), stacks_.bytes(), &fiber_main);
   }
 
   t_runner = this;
+#if defined(LUNAJIT_TSAN)
+  scheduler_tsan_fiber_ = __tsan_get_current_fiber();
+#endif
   unsigned live = n_;
   while (live > 0 && !failure_) {
     bool resumed = false;
@@ -580,6 +766,15 @@ unsigned long long lunajit_emu_warp(int op, unsigned mask, unsigned long long va
   return lunajit::host::t_runner->warp_op(op, mask, value, param, width);
 }
 void lunajit_emu_trap(const char* what) noexcept { lunajit::host::t_runner->trap(what); }
+void lunajit_emu_warp_collective(LunajitEmuCollectiveFn fn, const char* what, unsigned mask, void* payload,
+                                 const char* file, int line) noexcept {
+  lunajit::host::t_runner->warp_collective(fn, what, mask, payload, file, line);
+}
+void lunajit_emu_cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes, int line) noexcept {
+  lunajit::host::t_runner->cp_async(dst, src, bytes, src_bytes, line);
+}
+void lunajit_emu_cp_async_commit(void) noexcept { lunajit::host::t_runner->cp_async_commit(); }
+void lunajit_emu_cp_async_wait(int pending, int line) noexcept { lunajit::host::t_runner->cp_async_wait(pending, line); }
 }
 
 namespace lunajit::host {
@@ -589,6 +784,10 @@ std::span<const HostSymbol> emulation_symbols() {
       {"lunajit_emu_syncthreads", reinterpret_cast<void*>(&lunajit_emu_syncthreads)},
       {"lunajit_emu_warp", reinterpret_cast<void*>(&lunajit_emu_warp)},
       {"lunajit_emu_trap", reinterpret_cast<void*>(&lunajit_emu_trap)},
+      {"lunajit_emu_warp_collective", reinterpret_cast<void*>(&lunajit_emu_warp_collective)},
+      {"lunajit_emu_cp_async", reinterpret_cast<void*>(&lunajit_emu_cp_async)},
+      {"lunajit_emu_cp_async_commit", reinterpret_cast<void*>(&lunajit_emu_cp_async_commit)},
+      {"lunajit_emu_cp_async_wait", reinterpret_cast<void*>(&lunajit_emu_cp_async_wait)},
   };
   return symbols;
 }
