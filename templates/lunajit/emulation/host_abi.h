@@ -86,4 +86,17 @@ void lunajit_emu_cp_async(void* dst, const void* src, unsigned bytes, unsigned s
 void lunajit_emu_cp_async_commit(void) noexcept;
 void lunajit_emu_cp_async_wait(int pending, int line) noexcept;
 
+// ---- sanitizer instrumentation (runtime/host/sanitizer_pass.h) ----
+// Only the instrumented variant of a kernel object calls this: before every
+// load and store that may touch shared or global memory.
+struct LunajitEmuSite {
+  const char* file;
+  unsigned line;
+  unsigned column;
+};
+#define LUNAJIT_EMU_ACCESS_WRITE 1u
+#define LUNAJIT_EMU_ACCESS_ALIGN_SHIFT 8  // bits 8..15: log2 of the access's alignment in the IR
+void lunajit_emu_access(const void* address, unsigned long long bytes, unsigned flags,
+                        const LunajitEmuSite* site) noexcept;
+
 }  // extern "C"
