@@ -11,6 +11,7 @@
 
 #include "apps/cache_command.h"
 #include "apps/report_command.h"
+#include "apps/sanitize_option.h"
 #include "apps/tune_command.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
@@ -166,6 +167,7 @@ struct RunArgs {
   int batch = 2, heads = 4, seq = 256;
   bool check = false, backward = false, fused = false;
   uint64_t seed = 0;
+  std::string sanitize;  // --sanitize (apps/sanitize_option.h)
 };
 
 json report_json(const CheckReport& r, bool checked) {
@@ -336,6 +338,7 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--backward", run.backward, "run the backward pass (checks dq, dk, dv and parameter gradients)");
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
   run_cmd->add_flag("--json", as_json, "machine-readable output");
+  run_cmd->add_option("--sanitize", run.sanitize, "host sanitizers: init,bounds,sync,race,banks,all,schedule=reverse|random:SEED");
 
   ReportArgs report_args;
   const ReportCommand report_cmd = add_report_command(app, report_args);
@@ -355,7 +358,7 @@ int main(int argc, char** argv) {
     if (*spec_cmd) return cmd_spec(family, as_json);
     if (*emit_cmd) return cmd_emit(emit_args, pass, as_json);
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
-    if (*run_cmd) return cmd_run(run_args, run, as_json);
+    if (*run_cmd) return run_with_sanitize(run.sanitize, run.backend, [&] { return cmd_run(run_args, run, as_json); });
     if (*demo_cmd) return cmd_demo();
     if (*tune_cmd.cmd) return tune_cmd.run();
     if (*cache_cmd.cmd) return cache_cmd.run();

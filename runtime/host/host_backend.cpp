@@ -15,10 +15,15 @@ namespace {
 
 constexpr std::size_t kAlignment = 256;  // like cudaMalloc's
 
+// A loaded source: the plain object and, for sanitized launches, the
+// instrumented one; whichever the backend's default needs is loaded by load()
+// (so compile errors surface there), the other on first use.
 class HostModule final : public LoadedModule {
  public:
-  HostModule(KernelSource source, std::unique_ptr<host::HostProgram> program)
-      : source_(std::move(source)), program_(std::move(program)) {}
+  HostModule(KernelSource source, std::unique_ptr<host::HostProgram> program, bool instrumented)
+      : source_(std::move(source)) {
+    (instrumented ? instrumented_ : program_) = std::move(program);
+  }
   const KernelSource& source() const override { return source_; }
 
   // The index of the entry whose name expression (or, failing that, role) is `name`.
@@ -34,23 +39,23 @@ class HostModule final : public LoadedModule {
     }
     return std::nullopt;
   }
-  host::KernelEntryFn plain(std::size_t i) const { return program_->entries()[i]; }
-  // The entry from the instrumented object (sanitizer_pass.h), compiled or
-  // taken from the cache on first use.
-  Result<host::KernelEntryFn> instrumented(std::size_t i, BinaryCache& cache) const {
+  // Entry `i` of the plain or the instrumented object (sanitizer_pass.h),
+  // compiled or taken from the cache on first use.
+  Result<host::KernelEntryFn> entry(std::size_t i, bool instrumented, BinaryCache& cache) const {
     std::lock_guard lock(mu_);
-    if (!instrumented_) {
-      Result<std::unique_ptr<host::HostProgram>> p = host::load_host_program(source_, cache, /*instrumented=*/true);
+    std::unique_ptr<host::HostProgram>& slot = instrumented ? instrumented_ : program_;
+    if (!slot) {
+      Result<std::unique_ptr<host::HostProgram>> p = host::load_host_program(source_, cache, instrumented);
       if (!p) return p.error();
-      instrumented_ = std::move(p.value());
+      slot = std::move(p.value());
     }
-    return instrumented_->entries()[i];
+    return slot->entries()[i];
   }
 
  private:
   KernelSource source_;
-  std::unique_ptr<host::HostProgram> program_;
   mutable std::mutex mu_;
+  mutable std::unique_ptr<host::HostProgram> program_;
   mutable std::unique_ptr<host::HostProgram> instrumented_;
 };
 
@@ -120,9 +125,11 @@ Status HostBackend::fill_zero(const Buffer& dst) {
 }
 
 Result<std::shared_ptr<LoadedModule>> HostBackend::load(const KernelSource& source) {
-  Result<std::unique_ptr<host::HostProgram>> program = host::load_host_program(source, *cache_);
+  const bool instrumented = sanitize_.any() && !sanitize_error_;
+  Result<std::unique_ptr<host::HostProgram>> program = host::load_host_program(source, *cache_, instrumented);
   if (!program) return program.error();
-  return std::shared_ptr<LoadedModule>(std::make_shared<HostModule>(source, std::move(program.value())));
+  return std::shared_ptr<LoadedModule>(
+      std::make_shared<HostModule>(source, std::move(program.value()), instrumented));
 }
 
 Status HostBackend::launch(const LoadedModule& module, std::string_view name_expression, const LaunchConfig& config,
@@ -145,11 +152,11 @@ Status HostBackend::launch(const LoadedModule& module, std::string_view name_exp
   } else if (sanitize_error_) {
     return *sanitize_error_;
   }
-  if (!options.any()) return host::run_grid(host::GridLaunch{host_module->plain(*index), args, config, resolved});
+  Result<host::KernelEntryFn> entry_fn = host_module->entry(*index, options.any(), *cache_);
+  if (!entry_fn) return entry_fn.error();
+  const host::KernelEntryFn entry = *entry_fn;
+  if (!options.any()) return host::run_grid(host::GridLaunch{entry, args, config, resolved});
 
-  Result<host::KernelEntryFn> instrumented = host_module->instrumented(*index, *cache_);
-  if (!instrumented) return instrumented.error();
-  const host::KernelEntryFn entry = *instrumented;
   std::vector<host::MemoryRange> buffers;
   if (options.bounds) {
     std::lock_guard lock(buffers_mu_);
@@ -160,6 +167,7 @@ Status HostBackend::launch(const LoadedModule& module, std::string_view name_exp
   Status s = host::run_grid(grid);
   std::lock_guard lock(results_mu_);
   ++sanitized_launches_;
+  host::count_sanitized_launch(report.findings.size());
   last_findings_ = std::move(report.findings);
   if (options.banks) {
     last_banks_ = std::move(report.banks);

@@ -1,6 +1,7 @@
 // Parsing of the host sanitizer options (see sanitizer.h).
 #include "runtime/host/sanitizer.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -72,6 +73,16 @@ Result<SanitizeOptions> sanitize_from_env() {
   Result<SanitizeOptions> o = parse_sanitize(v);
   if (!o) return Error::invalid("LUNAJIT_HOST_SANITIZE: " + o.error().message);
   return o;
+}
+
+namespace {
+std::atomic<std::uint64_t> g_launches{0}, g_findings{0};
+}  // namespace
+
+SanitizerTotals sanitizer_totals() { return {g_launches.load(), g_findings.load()}; }
+void count_sanitized_launch(std::size_t findings) {
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  g_findings.fetch_add(findings, std::memory_order_relaxed);
 }
 
 }  // namespace lunajit::host

@@ -99,4 +99,13 @@ struct SanitizerReport {
   std::vector<BankSite> banks;  // merged per (file, line, column, bytes, write)
 };
 
+// Process-wide counts over every HostBackend: sanitized launches and findings
+// (what `lunajit run --sanitize` reports after the run).
+struct SanitizerTotals {
+  std::uint64_t launches = 0;
+  std::uint64_t findings = 0;
+};
+SanitizerTotals sanitizer_totals();
+void count_sanitized_launch(std::size_t findings);
+
 }  // namespace lunajit::host
