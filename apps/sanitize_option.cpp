@@ -33,6 +33,10 @@ int run_with_sanitize(const std::string& list, std::string& backend, const std::
   }
   std::fprintf(stderr, "lunajit: sanitizers: %s: %s (%llu sanitized launches)\n", options->describe().c_str(),
                code == 0 ? "clean" : "no finding", launches);
+  if (options->banks) {
+    std::printf("shared-memory bank conflicts (block (0,0,0) of each launch; worst sites first):\n%s",
+                host::bank_table(host::bank_sites_so_far(), 25).c_str());
+  }
   return code;
 }
 

@@ -170,6 +170,7 @@ Status HostBackend::launch(const LoadedModule& module, std::string_view name_exp
   host::count_sanitized_launch(report.findings.size());
   last_findings_ = std::move(report.findings);
   if (options.banks) {
+    host::record_bank_sites(resolved, report.banks);
     last_banks_ = std::move(report.banks);
     std::sort(last_banks_.begin(), last_banks_.end(), [](const host::BankSite& a, const host::BankSite& b) {
       return a.wavefronts - a.ideal > b.wavefronts - b.ideal;

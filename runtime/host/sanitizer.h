@@ -108,4 +108,15 @@ struct SanitizerTotals {
 SanitizerTotals sanitizer_totals();
 void count_sanitized_launch(std::size_t findings);
 
+// Bank statistics of every launch with `banks` in this process, per kernel
+// (name expression) and site, summed over launches.
+struct KernelBankSite {
+  std::string kernel;
+  BankSite site;
+};
+void record_bank_sites(std::string_view kernel, const std::vector<BankSite>& sites);
+std::vector<KernelBankSite> bank_sites_so_far();
+// A table of the `limit` sites with the most wavefronts above ideal, as text.
+std::string bank_table(const std::vector<KernelBankSite>& sites, std::size_t limit);
+
 }  // namespace lunajit::host

@@ -5,6 +5,7 @@
 // schedule really interleaves barrier intervals (a racy increment loses updates).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -123,6 +124,22 @@ __global__ void block_sum(const SanArgs a) {
   }
   if (t == 0) a.out[blockIdx.x] = s[0];
 }
+// Shared-memory access patterns with known wavefront counts (one warp).
+__global__ void bank_patterns(const SanArgs a) {
+  __shared__ __align__(16) unsigned s[32 * 32 + 64];
+  const int l = threadIdx.x;
+  for (int i = l; i < 32 * 32 + 64; i += 32) s[i] = (unsigned)i;
+  __syncwarp();
+  unsigned x = 0;
+  x += s[l];       // BANK_UNIT
+  x += s[2 * l];   // BANK_STRIDE2
+  x += s[32 * l];  // BANK_STRIDE32
+  x += s[7];       // BANK_BROADCAST
+  x += (unsigned)reinterpret_cast<const unsigned long long*>(s)[l];      // BANK_U64
+  x += (unsigned)reinterpret_cast<const unsigned long long*>(s)[2 * l];  // BANK_U64_STRIDE2
+  x += (unsigned)reinterpret_cast<const unsigned __int128*>(s)[l];       // BANK_U128
+  a.out[l] = (float)x;
+}
 }  // namespace san
 )CUDA";
 
@@ -138,6 +155,7 @@ KernelSource sanitizer_kernels() {
   }
   s.entries.push_back({"racy", "san::racy_increment"});
   s.entries.push_back({"sum", "san::block_sum"});
+  s.entries.push_back({"banks", "san::bank_patterns"});
   return s;
 }
 
@@ -290,6 +308,34 @@ TEST_F(Sanitizer, RandomScheduleInterleavesBarrierIntervals) {
   Status s = run("racy", 64, 0, "race");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("race on static __shared__ memory"), std::string::npos) << s.error().message;
+}
+
+TEST_F(Sanitizer, BankConflictsAreCountedPerSiteInWavefronts) {
+  ASSERT_TRUE(run("banks", 32, 0, "banks").ok());
+  struct Want {
+    const char* marker;
+    unsigned bytes;
+    std::uint64_t wavefronts, ideal;
+  };
+  // 32-bit: one phase of 32 lanes; 64-bit: two half-warps; 128-bit: four quarter-warps.
+  const Want want[] = {{"// BANK_UNIT", 4, 1, 1},       {"// BANK_STRIDE2", 4, 2, 1},  {"// BANK_STRIDE32", 4, 32, 1},
+                       {"// BANK_BROADCAST", 4, 1, 1},  {"// BANK_U64", 8, 2, 2},      {"// BANK_U64_STRIDE2", 8, 4, 2},
+                       {"// BANK_U128", 16, 4, 4}};
+  const std::vector<host::BankSite>& sites = backend_->last_bank_sites();
+  for (const Want& w : want) {
+    const unsigned line = line_of(w.marker);
+    auto it = std::find_if(sites.begin(), sites.end(), [&](const host::BankSite& b) { return b.line == line && !b.write; });
+    ASSERT_NE(it, sites.end()) << w.marker << " (line " << line << ") has no bank statistics";
+    EXPECT_EQ(it->bytes, w.bytes) << w.marker;
+    EXPECT_EQ(it->executions, 1u) << w.marker;
+    EXPECT_EQ(it->wavefronts, w.wavefronts) << w.marker;
+    EXPECT_EQ(it->ideal, w.ideal) << w.marker;
+  }
+  // Worst first: the stride-32 load leads the table.
+  ASSERT_FALSE(sites.empty());
+  EXPECT_EQ(sites.front().line, line_of("// BANK_STRIDE32"));
+  const std::string table = host::bank_table(host::bank_sites_so_far(), 3);
+  EXPECT_NE(table.find("san::bank_patterns"), std::string::npos) << table;
 }
 
 TEST_F(Sanitizer, OptionsParseAndBadWordsAreNamed) {
