@@ -23,7 +23,7 @@ Result<report::ReportOptions> options_from(const ReportArgs& a) {
   auto archs = parse_arch_list(a.archs);
   if (!archs) return archs.error();
   o.archs = std::move(*archs);
-  auto shapes = report::parse_shapes(a.shapes);
+  auto shapes = parse_shapes(a.shapes, "--shapes");
   if (!shapes) return shapes.error();
   o.shapes = std::move(*shapes);
   if (a.causal == "both") o.causal = report::CausalVariants::both;

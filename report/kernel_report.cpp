@@ -152,34 +152,6 @@ ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pas
   return {choice.config, fmt::format("{} ({} bucket)", choice.method, to_string(choice.from))};
 }
 
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text) {
-  std::vector<ProblemShape> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t semi = text.find(';', start);
-    const std::string_view item = text.substr(start, semi == std::string_view::npos ? semi : semi - start);
-    if (!item.empty()) {
-      int v[3];
-      size_t pos = 0;
-      for (int i = 0; i < 3; ++i) {
-        const size_t comma = i < 2 ? item.find(',', pos) : item.size();
-        const std::string_view num = item.substr(pos, comma == std::string_view::npos ? comma : comma - pos);
-        auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v[i]);
-        if (comma == std::string_view::npos || num.empty() || ec != std::errc() || p != num.data() + num.size())
-          return Error::invalid(fmt::format("shapes: \"{}\": expected B,H,N (e.g. 2,8,1024)", item));
-        pos = comma + 1;
-      }
-      ProblemShape s{v[0], v[1], v[2]};
-      if (auto st = validate(s); !st) return Error::invalid(fmt::format("shapes: \"{}\": {}", item, st.error().message));
-      out.push_back(s);
-    }
-    if (semi == std::string_view::npos) break;
-    start = semi + 1;
-  }
-  if (out.empty()) return Error::invalid("shapes: empty; expected B,H,N[;B,H,N...] (e.g. 2,8,1024)");
-  return out;
-}
-
 Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt) {
   if (auto st = validate(spec_in); !st) return st.error();
   if (opt.archs.empty()) return Error::invalid("archs: empty; expected e.g. sm_80,sm_90,sm_100");

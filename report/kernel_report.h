@@ -69,7 +69,5 @@ ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pas
 // NVRTC cannot compile keeps null resources and a note.
 Result<nlohmann::json> build_report(const AttentionSpec& spec, const ReportOptions& options);
 
-// Parses "B,H,N[;B,H,N...]" (e.g. "2,8,1024;1,16,4096"); the error names the bad item.
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text);
 
 }  // namespace lunajit::report

@@ -9,6 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "codegen/attention_spec.h"
+#include "common/input_limits.h"
+#include "common/read_file.h"
+
 #include "report/kernel_report.h"
 #include "report/svg_chart.h"
 
@@ -509,26 +513,49 @@ std::string render_compare_html(const std::vector<json>& reports, const std::vec
   return html_page("lunajit kernel reports side by side", lines, charts, body);
 }
 
+Result<json> parse_report(std::string_view text, const std::string& name) {
+  auto parsed = parse_json_text(text, fmt::format("report compare: {}", name));
+  if (!parsed) return parsed.error();
+  json j = std::move(*parsed);
+  const auto schema = j.is_object() ? j.find("schema") : j.end();
+  if (!j.is_object() || schema == j.end() || !schema->is_string() || *schema != "lunajit.report")
+    return Error::invalid(
+        fmt::format("report compare: {} is not a lunajit report (no \"schema\": \"lunajit.report\")", name));
+  const auto version = j.find("schema_version");
+  if (version == j.end() || !version->is_number_integer() || *version != kReportSchemaVersion)
+    return Error::invalid(fmt::format("report compare: {} has schema_version {}; this lunajit reads version {}", name,
+                                      version == j.end() ? "(none)" : limits::quote(version->dump()),
+                                      kReportSchemaVersion));
+  // The renderers read many nested fields; rendering the report alone proves
+  // each one is there with its type, and names what is missing otherwise.
+  try {
+    (void)render_compare_markdown({j}, {name});
+    (void)render_compare_html({j}, {name});
+  } catch (const json::exception& e) {
+    return Error::invalid(fmt::format("report compare: {} is not a complete lunajit report: {}", name,
+                                      limits::quote(e.what())));
+  }
+  return j;
+}
+
+Result<json> read_report(const std::filesystem::path& path) {
+  auto text = read_file_bounded(path, limits::kMaxJsonFileBytes, "report compare: report");
+  if (!text) return text.error();
+  return parse_report(*text, path.string());
+}
+
 Status write_compare(const std::vector<std::filesystem::path>& paths, const std::filesystem::path& dir) {
   if (paths.empty()) return Error::invalid("report compare: no reports given; expected A.json B.json ...");
   std::vector<json> reports;
   std::vector<std::string> labels;
   for (const auto& p : paths) {
-    std::ifstream f(p);
-    if (!f) return Error::invalid(fmt::format("report compare: cannot read {}", p.string()));
-    json j = json::parse(f, nullptr, false);
-    if (j.is_discarded()) return Error::invalid(fmt::format("report compare: {} is not valid JSON", p.string()));
-    if (!j.is_object() || j.value("schema", "") != "lunajit.report")
-      return Error::invalid(fmt::format("report compare: {} is not a lunajit report (schema != \"lunajit.report\")",
-                                        p.string()));
-    if (j.value("schema_version", 0) != kReportSchemaVersion)
-      return Error::invalid(fmt::format("report compare: {} has schema_version {}; this lunajit reads version {}",
-                                        p.string(), j.value("schema_version", 0), kReportSchemaVersion));
+    auto j = read_report(p);
+    if (!j) return j.error();
     std::string label = p.stem().string() == "report" ? p.parent_path().filename().string() : p.stem().string();
     if (label.empty()) label = p.string();
     while (std::find(labels.begin(), labels.end(), label) != labels.end()) label += "'";
     labels.push_back(label);
-    reports.push_back(std::move(j));
+    reports.push_back(std::move(*j));
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

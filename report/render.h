@@ -62,7 +62,12 @@ Status write_report(const nlohmann::json& report, const std::filesystem::path& d
 // forward time by sequence length of every report and arch.
 std::string render_compare_markdown(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels);
 std::string render_compare_html(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels);
-// Reads the reports (checking schema and version) and writes compare.md and compare.html into `dir`.
+// One report for `report compare`, from its text (`name` labels errors) or
+// its file (bounded read): checks the schema, the version and every field the
+// comparison reads; anything else is an invalid_argument error naming the file.
+Result<nlohmann::json> parse_report(std::string_view text, const std::string& name);
+Result<nlohmann::json> read_report(const std::filesystem::path& path);
+// Reads the reports (read_report) and writes compare.md and compare.html into `dir`.
 Status write_compare(const std::vector<std::filesystem::path>& reports, const std::filesystem::path& dir);
 
 }  // namespace lunajit::report

@@ -10,6 +10,7 @@ packages=(
   libboost-context-dev libxxhash-dev
   llvm-19-dev libclang-19-dev libclang-cpp19-dev clang-19 libzstd-dev
   libtorch-dev libopenblas0-pthread
+  python3-torch python3-pytest python3-setuptools python3-pip   # the Python package and its tests (same torch as libtorch-dev)
   chromium python3-jsonschema libpng-dev   # report tests: headless render, schema check, PNG decode
 )
 

@@ -55,6 +55,8 @@ torch::Tensor linear_attention_from_features(const torch::Tensor& phi_q, const t
 
 // feature_map + linear_attention_from_features of `spec`; no input checks (the
 // caller, lunajit::linear_attention, makes them). Output in the compute dtype.
+// Causal performer instead maps the keys query i sees with the running max of
+// their stabilisers (docs/MATH.md §2), chunked with exact rescaling of the state.
 torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk = 64);
 
@@ -64,6 +66,12 @@ torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, c
 // for distillation targets and need_weights, not for the forward pass.
 torch::Tensor linear_attention_weights(const torch::Tensor& phi_q, const torch::Tensor& phi_k, bool causal,
                                        bool normalize, double eps);
+
+// The weights of `spec` on q, k [batch, seq, heads, head_dim]: the above on the
+// features, except causal performer, whose keys are mapped per query row
+// (docs/MATH.md §2) and so have no single phi_k. In the compute dtype.
+torch::Tensor linear_attention_weights(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& params,
+                                       const AttentionSpec& spec);
 
 // Quadratic attentions of MATH.md §2 (reference/quadratic_attention.h).
 enum class QuadraticKind { softmax, yat, spherical_yat };

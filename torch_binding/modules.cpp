@@ -1,9 +1,12 @@
 // Modules of torch_binding/modules.h.
 #include "torch_binding/modules.h"
 
+#include <cstring>
+
 #include <nlohmann/json.hpp>
 
 #include "codegen/feature_params.h"
+#include "io/safetensors.h"
 
 namespace lunajit::nn {
 namespace {
@@ -77,12 +80,19 @@ LinearAttentionImpl::LinearAttentionImpl(const AttentionSpec& spec, int64_t head
     : feature_map(register_module("feature_map", FeatureMap(spec, heads, seed))), spec_(spec), options_(options) {}
 
 Tensor LinearAttentionImpl::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return linear_attention(q, k, v, feature_map->params, spec_, options_);
+  // A module moved to fp16/bf16 (module->to(torch::kBFloat16)) keeps working: the
+  // op reads fp32 (or fp64) parameters; the cast is differentiable.
+  Tensor p = feature_map->params;
+  if (p.defined() && p.scalar_type() != torch::kFloat && p.scalar_type() != torch::kDouble) p = p.to(torch::kFloat);
+  return linear_attention(q, k, v, p, spec_, options_);
 }
 
 Tensor LinearAttentionImpl::weights(const Tensor& q, const Tensor& k) {
-  const Tensor phi_q = feature_map->forward(q, aten::FeatureRole::query);
+  const Tensor phi_q = feature_map->forward(q, aten::FeatureRole::query);  // also checks q and k
   const Tensor phi_k = feature_map->forward(k, aten::FeatureRole::key);
+  // Causal performer maps each query's keys with its own running stabiliser (docs/MATH.md §2).
+  if (spec_.causal && spec_.family == Family::performer)
+    return aten::linear_attention_weights(q, k, feature_map->params, spec_);
   return aten::linear_attention_weights(phi_q, phi_k, spec_.causal, spec_.normalize, spec_.eps);
 }
 
@@ -209,6 +219,108 @@ std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const std::
                                           "name, nor a readable spec");
   }
   return make_multihead_attention(spec, options, op_options, seed);
+}
+
+// ---- safetensors checkpoints ------------------------------------------------
+
+namespace {
+
+StDType st_dtype_of(const Tensor& t, const std::string& name) {
+  switch (t.scalar_type()) {
+    case torch::kDouble: return StDType::F64;
+    case torch::kFloat: return StDType::F32;
+    case torch::kHalf: return StDType::F16;
+    case torch::kBFloat16: return StDType::BF16;
+    case torch::kLong: return StDType::I64;
+    case torch::kInt: return StDType::I32;
+    case torch::kShort: return StDType::I16;
+    case torch::kChar: return StDType::I8;
+    case torch::kByte: return StDType::U8;
+    case torch::kBool: return StDType::BOOL;
+    default: TORCH_CHECK(false, "save_safetensors: tensor ", name, " has dtype ", t.scalar_type(),
+                         ", which safetensors cannot hold here");
+  }
+  return StDType::F32;
+}
+
+torch::ScalarType torch_dtype_of(StDType t) {
+  switch (t) {
+    case StDType::F64: return torch::kDouble;
+    case StDType::F32: return torch::kFloat;
+    case StDType::F16: return torch::kHalf;
+    case StDType::BF16: return torch::kBFloat16;
+    case StDType::I64: return torch::kLong;
+    case StDType::I32: return torch::kInt;
+    case StDType::I16: return torch::kShort;
+    case StDType::I8: return torch::kChar;
+    case StDType::U8: return torch::kByte;
+    case StDType::BOOL: return torch::kBool;
+  }
+  return torch::kFloat;
+}
+
+// name -> tensor for every parameter and buffer (recursively).
+std::vector<std::pair<std::string, Tensor>> module_tensors(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& p : module.named_parameters(true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+// "lunajit.spec:<path>" -> canonical spec JSON of every FeatureMap.
+std::map<std::string, std::string> feature_map_specs(const torch::nn::Module& module) {
+  std::map<std::string, std::string> out;
+  for (const auto& m : module.named_modules("", true))
+    if (const auto* fm = dynamic_cast<const FeatureMapImpl*>(m.value().get()))
+      out["lunajit.spec:" + m.key()] = canonical_json(fm->spec());
+  return out;
+}
+
+}  // namespace
+
+void save_safetensors(const torch::nn::Module& module, const std::string& path,
+                      const std::map<std::string, std::string>& metadata) {
+  Safetensors st;
+  st.metadata = metadata;
+  for (const auto& [k, v] : feature_map_specs(module)) st.metadata[k] = v;
+  for (const auto& [name, t] : module_tensors(module)) {
+    const Tensor c = t.detach().to(torch::kCPU).contiguous();
+    StTensor s{name, st_dtype_of(c, name), std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), {}};
+    s.data.resize(size_t(c.numel() * c.element_size()));
+    if (!s.data.empty()) std::memcpy(s.data.data(), c.data_ptr(), s.data.size());
+    st.tensors.push_back(std::move(s));
+  }
+  const Status w = write_safetensors(path, st);
+  TORCH_CHECK(w.ok(), "save_safetensors: ", w.ok() ? std::string() : w.error().message);
+}
+
+void load_safetensors(torch::nn::Module& module, const std::string& path) {
+  auto st = read_safetensors(path);
+  TORCH_CHECK(st.ok(), "load_safetensors: ", st.ok() ? std::string() : st.error().message);
+  for (const auto& [key, spec] : feature_map_specs(module)) {
+    const std::string where = key.substr(std::string("lunajit.spec:").size());
+    const auto it = st->metadata.find(key);
+    TORCH_CHECK(it != st->metadata.end(), "load_safetensors: ", path, " has no spec for the feature map at '", where,
+                "' (metadata ", key, "); it was not written by lunajit's save_safetensors for this module");
+    TORCH_CHECK(it->second == spec, "load_safetensors: ", path, " was saved with spec ", it->second,
+                " for the feature map at '", where, "', but the module has spec ", spec);
+  }
+  const auto tensors = module_tensors(module);
+  for (const auto& t : st->tensors) {
+    bool known = false;
+    for (const auto& [name, _] : tensors) known = known || name == t.name;
+    TORCH_CHECK(known, "load_safetensors: ", path, " holds tensor '", t.name, "', which the module does not have");
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, dst] : tensors) {
+    const StTensor* t = st->find(name);
+    TORCH_CHECK(t, "load_safetensors: ", path, " has no tensor '", name, "'");
+    TORCH_CHECK(dst.sizes() == torch::IntArrayRef(t->shape), "load_safetensors: tensor '", name, "' has shape ",
+                torch::IntArrayRef(t->shape), " in ", path, " but ", dst.sizes(), " in the module");
+    const Tensor src = torch::from_blob(const_cast<std::byte*>(t->data.data()), t->shape,
+                                        torch::TensorOptions().dtype(torch_dtype_of(t->dtype)));
+    dst.copy_(src);
+  }
 }
 
 }  // namespace lunajit::nn

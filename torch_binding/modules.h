@@ -20,11 +20,13 @@
 //   make_multihead_attention  a factory from a spec, a family name or a
 //                             quadratic kind.
 //
-// Saving: torch::save(module, path) stores parameters and buffers; torch::load
-// needs a module constructed with the same spec and options (the spec is not
-// stored; keep its JSON beside the checkpoint, canonical_json(spec)).
+// Saving: save_safetensors / load_safetensors (below) store parameters and
+// buffers with the spec of every FeatureMap and check it on load;
+// torch::save(module, path) / torch::load also work but store no spec, so they
+// load silently into a module of another spec with the same sizes.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -182,5 +184,18 @@ std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const std::
                                                                      bool causal = false,
                                                                      LinearAttentionOptions op_options = {},
                                                                      uint64_t seed = 0);
+
+// Checkpoints as safetensors (io/safetensors.h), the format python/lunajit
+// writes too: every parameter and buffer of `module` under its dotted name
+// (named_parameters/named_buffers, e.g. "core.feature_map.params"), in its own
+// dtype, and metadata "lunajit.spec:<path>" = canonical_json(spec) for each
+// FeatureMap submodule at dotted path <path> ("" for the module itself), plus
+// `metadata`. load_safetensors checks that the file holds exactly the module's
+// tensors with the same shapes and the same spec for every FeatureMap, and
+// throws (c10::Error) naming the first difference; values are converted to each
+// tensor's dtype, so a checkpoint loads into a module moved to another dtype.
+void save_safetensors(const torch::nn::Module& module, const std::string& path,
+                      const std::map<std::string, std::string>& metadata = {});
+void load_safetensors(torch::nn::Module& module, const std::string& path);
 
 }  // namespace lunajit::nn

@@ -5,6 +5,7 @@
 #include "runtime/host/host_jit.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <llvm/ExecutionEngine/Orc/Core.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LLVMContext.h>
+#include <llvm/Object/ObjectFile.h>
 #include <llvm/Support/Error.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
@@ -219,6 +221,43 @@ std::string host_cache_key(const KernelSource& source, bool instrumented) {
   return h.hex();
 }
 
+// The entry points an object defines must be exactly lunajit_entry_0 ..
+// lunajit_entry_{n-1}, checked before the object is linked: an object that is
+// not what the source asks for (a cache entry of another kernel, however it got
+// there) is never run. "" when it matches, else what is wrong.
+std::string check_exports(std::string_view object, std::size_t n) {
+  auto obj = llvm::object::ObjectFile::createObjectFile(
+      llvm::MemoryBufferRef(llvm::StringRef(object.data(), object.size()), "cached.o"));
+  if (!obj) return "not an object file: " + to_string(obj.takeError());
+  std::vector<bool> seen(n, false);
+  std::string extra;
+  for (const llvm::object::SymbolRef& sym : (*obj)->symbols()) {
+    llvm::Expected<llvm::StringRef> name = sym.getName();
+    if (!name) {
+      llvm::consumeError(name.takeError());
+      continue;
+    }
+    llvm::Expected<std::uint32_t> flags = sym.getFlags();
+    if (!flags) {
+      llvm::consumeError(flags.takeError());
+      continue;
+    }
+    if ((*flags & llvm::object::SymbolRef::SF_Undefined) != 0) continue;
+    llvm::StringRef rest = *name;
+    if (!rest.consume_front("lunajit_entry_")) continue;
+    std::size_t i = 0;
+    if (rest.getAsInteger(10, i) || i >= n) {
+      extra = name->str();
+      continue;
+    }
+    seen[i] = true;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!seen[i]) return fmt::format("it does not define lunajit_entry_{}", i);
+  if (!extra.empty()) return fmt::format("it defines {}, which this kernel source does not have", extra);
+  return "";
+}
+
 struct HostProgram::Jit {
   std::unique_ptr<llvm::orc::LLJIT> jit;
 };
@@ -233,13 +272,25 @@ Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource& sourc
   }
   const std::string key = host_cache_key(source, instrumented);
   std::string object;
-  if (std::optional<std::string> cached = cache.get(key)) {
+  std::optional<std::string> cached = cache.get(key);
+  if (cached) {
+    if (std::string wrong = check_exports(*cached, source.entries.size()); !wrong.empty()) {
+      std::fprintf(stderr, "lunajit: warning: cached host object %s of '%s' rejected (%s); recompiling\n",
+                   key.c_str(), file_stem(source).c_str(), wrong.c_str());
+      cache.remove(key);
+      cached.reset();
+    }
+  }
+  if (cached) {
     object = std::move(*cached);
     g_cache_hits.fetch_add(1, std::memory_order_relaxed);
   } else {
     Result<std::string> compiled = compile_object(source, host_translation_unit(source), key, instrumented);
     if (!compiled) return compiled.error();
     object = std::move(compiled.value());
+    if (std::string wrong = check_exports(object, source.entries.size()); !wrong.empty())
+      return Error{ErrorKind::compile_failed,
+                   fmt::format("host object of '{}' is malformed: {}", file_stem(source), wrong)};
     cache.put(key, object);
   }
 

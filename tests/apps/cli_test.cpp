@@ -223,4 +223,114 @@ TEST(Cli, MissingSpecFileExits2) {
   EXPECT_TRUE(contains(r.err, path)) << describe(r);
 }
 
+// ---- issue 15 regressions, each named after its finding.
+TEST(Cli, IntegersBeyond32BitsExit2NotWrapped) {
+  CliResult r = run_cli({"emit", R"({"family":"luna","head_dim":4294967360})"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "head_dim = 4294967360: must be in [1, 256]")) << describe(r);
+  r = run_cli({"emit", "--config", R"({"block_tokens": 4294967312})"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "config.block_tokens = 4294967312")) << describe(r);
+  r = run_cli({"tune", "--shapes", "1,1,99999999999"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "seq = 99999999999: must be in [1, 2147483647]")) << describe(r);
+}
+
+TEST(Cli, FloatsBeyondFloatRangeExit2) {
+  for (const char* spec : {R"({"family":"luna","eps":1e39})", R"({"family":"luna","eps":1e-320})",
+                           R"({"family":"luna","eps":1e308})", R"({"family":"performer","performer":{"kernel_eps":1e39}})"}) {
+    const CliResult r = run_cli({"emit", spec});
+    EXPECT_EQ(r.exit_code, 2) << spec << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, "must be a finite number in")) << describe(r);
+  }
+}
+
+TEST(Cli, NoTileConfigFitsExits2SayingWhatTheSmallestNeeds) {
+  const std::string spec = R"({"family":"performer","head_dim":256,"value_dim":256,"performer":{"features":2048}})";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"emit", spec, "--arch", "sm_75"}, {"compile", spec, "--arch", "sm_75"},
+        {"run", spec, "--arch", "sm_75", "--backend", "host", "--backward", "--check", "--seq", "4"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, "no tile config fits sm_75")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "sm_75 allows 65536")) << describe(r);
+  }
+}
+
+TEST(Cli, NumberOptionsNameTheOptionAndRange) {
+  for (const char* v : {"0", "abc", "99999999999"}) {
+    const CliResult r = run_cli({"run", "--seq", v});
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_TRUE(contains(r.err, "--seq")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "[1, 2147483647]")) << describe(r);
+    EXPECT_FALSE(contains(r.err, "1797693134862315")) << describe(r);
+  }
+  const CliResult seed = run_cli({"run", "--seed", "-1"});
+  EXPECT_EQ(seed.exit_code, 2) << describe(seed);
+}
+
+TEST(Cli, HugeShapesFailBeforeAllocating) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"run", "--backend", "host", "--seq", "2000000000"},
+                                              {"run", "--backend", "host", "--batch", "65535", "--heads", "65535"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_TRUE(contains(r.err, "GiB of host memory")) << describe(r);
+  }
+}
+
+TEST(Cli, InlineJsonOfTheWrongTypeIsNotAFile) {
+  const CliResult r = run_cli({"emit", "[1,2]"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "expected a JSON object, got array")) << describe(r);
+  EXPECT_FALSE(contains(r.err, "cannot be opened")) << describe(r);
+}
+
+TEST(Cli, DevZeroAsSpecFileIsRefusedAtOnce) {
+  const CliResult r = run_cli({"emit", "/dev/zero"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "not a regular file")) << describe(r);
+}
+
+TEST(Cli, JsonIsAcceptedBeforeOrAfterEveryCommand) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--json", "spec"}, {"spec", "--json"}, {"--json", "cache", "stats"},
+        {"cache", "stats", "--json"}, {"--json", "emit"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << describe(r);
+  }
+  // report and demo take it too (their --help exits 0 without work).
+  for (const char* cmd : {"report", "demo"}) {
+    const CliResult r = run_cli({cmd, "--json", "--help"});
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+  }
+}
+
+TEST(Cli, VersionAndDefaultsInHelp) {
+  const CliResult v = run_cli({"--version"});
+  EXPECT_EQ(v.exit_code, 0) << describe(v);
+  EXPECT_TRUE(contains(v.out, "lunajit 0.")) << describe(v);
+  const CliResult h = run_cli({"run", "--help"});
+  EXPECT_EQ(h.exit_code, 0) << describe(h);
+  EXPECT_TRUE(contains(h.out, "256")) << describe(h);  // --seq's default
+}
+
+TEST(Cli, DidYouMeanForCommandsAndOptions) {
+  CliResult r = run_cli({"tun"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "did you mean 'tune'")) << describe(r);
+  r = run_cli({"run", "--seqlen", "5"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "did you mean --seq")) << describe(r);
+}
+
+TEST(Cli, TinyGradientsPassWithinTheRoundingFloor) {
+  // One key: o = v whatever phi is, so the exact feature-map gradients are
+  // eps-sized differences of O(1) terms; a purely relative measure failed them.
+  const CliResult r = run_cli({"run", R"({"family":"luna","dtype":"fp32","causal":true})", "--backend", "host",
+                               "--batch", "1", "--heads", "1", "--seq", "1", "--backward", "--check"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "within the fp32 rounding floor")) << describe(r);
+}
+
 }  // namespace

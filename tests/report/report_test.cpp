@@ -633,6 +633,28 @@ TEST(ReportCli, WritesReportAndCompare) {
                             (base / "y").string())), 2);
 }
 
+// Issue 15: `report compare` of a directory, a tuning database or a report
+// missing fields was an internal error; each is exit 2 naming the file.
+TEST(ReportCompare, RejectsADirectoryATuningDbAndAnIncompleteReport) {
+  const fs::path base = fs::path(LUNAJIT_REPORT_TEST_DIR) / "compare-bad";
+  fs::remove_all(base);
+  fs::create_directories(base / "dir");
+  std::ofstream(base / "db.json") << R"({"schema": 1, "entries": []})";
+  std::ofstream(base / "partial.json") << R"({"schema": "lunajit.report", "schema_version": 1, "kernels": []})";
+  std::ofstream(base / "schema_number.json") << R"({"schema": 7})";
+  for (const fs::path& p : {base / "dir", base / "db.json", base / "partial.json", base / "schema_number.json"}) {
+    auto r = read_report(p);
+    ASSERT_FALSE(r.ok()) << p;
+    EXPECT_EQ(r.error().kind, ErrorKind::invalid_argument) << r.error().message;
+    EXPECT_NE(r.error().message.find(p.string()), std::string::npos) << r.error().message;
+  }
+  EXPECT_NE(read_report(base / "partial.json").error().message.find("not a complete lunajit report"),
+            std::string::npos);
+  const std::string cli = LUNAJIT_CLI;
+  for (const char* f : {"dir", "db.json", "partial.json"})
+    EXPECT_EQ(run(fmt::format("{} report compare {} --out {} 2>/dev/null", cli, (base / f).string(),
+                              (base / "out").string())), 2) << f;
+}
 
 // The report's config comes from the tuning database of the arch's model
 // fingerprint when it has an entry for the spec, pass and shape bucket.

@@ -134,7 +134,7 @@ TEST(MultiheadLinearAttentionModule, CausalOutputIgnoresTheFuture) {
   o.embed_dim = 16;
   o.num_heads = 2;
   o.dwc = true;
-  for (const char* kind : {"luna", "softmax", "yat", "spherical_yat"}) {
+  for (const char* kind : {"luna", "performer", "softmax", "yat", "spherical_yat"}) {
     SCOPED_TRACE(kind);
     auto m = make_multihead_attention(kind, o, true);
     Tensor x = torch::randn({8, 2, 16});
@@ -143,6 +143,21 @@ TEST(MultiheadLinearAttentionModule, CausalOutputIgnoresTheFuture) {
     const Tensor y2 = std::get<0>(m->forward(x, x, x, {}, false));
     EXPECT_TRUE(torch::allclose(y.narrow(0, 0, 7), y2.narrow(0, 0, 7), 1e-5, 1e-5));
   }
+}
+
+// Causal performer maps keys per query row (docs/MATH.md §2): weights() must be
+// the matrix forward() applies, o = A v, with a kernel_eps large enough that the
+// old one-max-per-sequence key features would give other weights.
+TEST(LinearAttentionModule, CausalPerformerWeightsAreWhatTheForwardApplies) {
+  AttentionSpec spec = spec_of(R"({"family": "performer", "head_dim": 8, "value_dim": 8, "dtype": "fp32",
+                                   "causal": true, "performer": {"features": 6, "kernel_eps": 0.1}})");
+  LinearAttention core(spec, 2);
+  torch::manual_seed(3);
+  const Tensor q = torch::randn({1, 9, 2, 8}), k = torch::randn({1, 9, 2, 8}), v = torch::randn({1, 9, 2, 8});
+  const Tensor o = core->forward(q, k, v);
+  const Tensor A = core->weights(q, k);  // [B, H, N, N]
+  EXPECT_TRUE(torch::allclose(torch::einsum("bhij,bjhd->bihd", {A, v}), o, 1e-5, 1e-5));
+  EXPECT_EQ(A.triu(1).abs().max().item<double>(), 0.0);
 }
 
 TEST(QuadraticAttentionModule, MatchesDoubleReference) {

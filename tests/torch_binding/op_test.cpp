@@ -264,6 +264,47 @@ std::vector<Case> kernel_cases() {
 INSTANTIATE_TEST_SUITE_P(Families, HostKernelPath, ::testing::ValuesIn(kernel_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// Causal performer: perturbing key j (and value j) leaves o_i and dq_i of rows
+// i < j exactly equal, on the ATen path and on the host-emulated kernels.
+// Exact: rows i < j compute the same values in the same order; key j enters
+// their sums only as exact zeros (a weight exp(-inf) = 0 in the ATen chunk).
+// kernel_eps = 0.1 and eps = 1e-3 make a shared key stabiliser move them by percents.
+TEST(CausalPerformerNoFutureLeak, AtenAndHostKernelPaths) {
+  AttentionSpec spec = small_specs(8, 8)[5].second;
+  ASSERT_EQ(spec.family, Family::performer);
+  spec.causal = true;
+  spec.performer.kernel_eps = 0.1;
+  spec.eps = 1e-3;
+  const Inputs in = random_inputs(spec, 1, 9, 2, torch::kFloat, 8);
+  const int64_t d = spec.head_dim;
+  for (AttentionPath path : {AttentionPath::aten, AttentionPath::host_kernels}) {
+    LinearAttentionOptions opt;
+    opt.path = path;
+    opt.chunk = 3;
+    auto run = [&](const Inputs& x) {
+      return value_and_grads(x, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+        return linear_attention(q, k, v, p, spec, opt);
+      });
+    };
+    const auto base = run(in);
+    for (int64_t j : {1, 3, 7}) {
+      Inputs pert = in;
+      pert.k = in.k.clone();
+      pert.v = in.v.clone();
+      // k_j' = omega_0 of each head: the largest exponent a key can reach.
+      const Tensor omega = in.params.view({2, -1}).narrow(1, param_layout(spec).find("omega")->offset, d);
+      pert.k.select(1, j).copy_(omega.unsqueeze(0) * std::pow(double(d), 0.25));
+      pert.v.select(1, j).add_(1.0);
+      const auto got = run(pert);
+      const std::string what = std::string(path == AttentionPath::aten ? "aten" : "host kernels") + " key " +
+                               std::to_string(j);
+      EXPECT_TRUE(torch::equal(got[0].narrow(1, 0, j), base[0].narrow(1, 0, j))) << what << ": o moved";
+      EXPECT_TRUE(torch::equal(got[1].narrow(1, 0, j), base[1].narrow(1, 0, j))) << what << ": dq moved";
+      EXPECT_FALSE(torch::equal(got[0].narrow(1, j, 9 - j), base[0].narrow(1, j, 9 - j))) << what << ": vacuous";
+    }
+  }
+}
+
 TEST(HostKernelPath, AtenGradientFallbackMatches) {
   const AttentionSpec spec = small_specs(8, 8).front().second;  // luna
   const Inputs in = random_inputs(spec, 1, 10, 2, torch::kFloat, 6);
