@@ -108,10 +108,12 @@ class SeedingBackend final : public Backend {
     for (const EmbeddedFile& f : templates::files())
       if (f.path == "lunajit/linear_attention.cuh") header = std::string(f.contents);
     EXPECT_FALSE(header.empty());
-    const std::size_t at = header.find(from_);
-    EXPECT_NE(at, std::string::npos) << "the seed no longer matches the template";
-    if (at != std::string::npos) ++seeded_;
-    header.replace(at, from_.size(), to_);
+    // Every occurrence (the causal kernels of several families share the pattern).
+    for (std::size_t at = header.find(from_); at != std::string::npos; at = header.find(from_, at + to_.size())) {
+      header.replace(at, from_.size(), to_);
+      ++seeded_;
+    }
+    EXPECT_GT(seeded_, 0) << "the seed no longer matches the template";
     if (const std::size_t once = header.find("#pragma once"); once != std::string::npos) header.erase(once, 12);
     if (const std::size_t inc = s.code.find(include); inc != std::string::npos) s.code.replace(inc, include.size(), header);
     return inner_.load(s);
