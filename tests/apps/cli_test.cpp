@@ -190,6 +190,21 @@ TEST(Cli, RunCheckOnHostPasses) {
   EXPECT_LT(j["rel_rms_error"].get<double>(), 1e-5) << describe(r);  // fp32 I/O, fp32 accumulation
 }
 
+TEST(Cli, RunSanitizedOnHostSaysWhichChecksRan) {
+  const CliResult r = run_cli({"run", R"({"family":"elu","dtype":"fp32","causal":true})", "--backend", "host", "--batch",
+                               "1", "--heads", "1", "--seq", "20", "--check", "--sanitize",
+                               "race,init,bounds,sync,schedule=random:3"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "sanitizers: init,bounds,sync,race; schedule random:3: clean (")) << describe(r);
+
+  const CliResult bad = run_cli({"run", "--backend", "host", "--sanitize", "init,racecheck"});
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+  EXPECT_TRUE(contains(bad.err, "unknown check 'racecheck'")) << describe(bad);
+  const CliResult cuda = run_cli({"run", "--backend", "cuda", "--sanitize", "race"});
+  EXPECT_EQ(cuda.exit_code, 2) << describe(cuda);
+  EXPECT_TRUE(contains(cuda.err, "not cuda")) << describe(cuda);
+}
+
 TEST(Cli, RunOnCudaWithoutGpuExits1WithHint) {
   if (cuda_gpu_present()) GTEST_SKIP() << "a CUDA GPU is present: --backend cuda would run";
   const CliResult r = run_cli({"run", "--backend", "cuda"});
