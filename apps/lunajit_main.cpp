@@ -14,6 +14,7 @@
 #include "apps/cache_command.h"
 #include "apps/cli_support.h"
 #include "apps/report_command.h"
+#include "apps/sanitize_option.h"
 #include "apps/run_files.h"
 #include "apps/tune_command.h"
 #include "autotune/validation.h"
@@ -187,6 +188,7 @@ struct RunArgs {
   int batch = 2, heads = 4, seq = 256;
   bool check = false, backward = false, fused = false;
   uint64_t seed = 0;
+  std::string sanitize;  // --sanitize (apps/sanitize_option.h)
 };
 
 // JSON has no NaN or Infinity: a non-finite error is written as null.
@@ -401,6 +403,7 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
   RunFiles run_files;  // --inputs / --save (apps/run_files.h)
   add_run_file_options(run_cmd, run_files);
+  run_cmd->add_option("--sanitize", run.sanitize, "host sanitizers: init,bounds,sync,race,banks,all,schedule=reverse|random:SEED");
 
   ReportArgs report_args;
   const ReportCommand report_cmd = add_report_command(app, report_args);
@@ -419,9 +422,11 @@ int main(int argc, char** argv) {
     if (*emit_cmd) return cmd_emit(emit_args, pass, as_json);
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
     if (*run_cmd && !run_files.inputs.empty())
-      return run_with_files(run_files, run_args.spec, run_args.config_json, run_args.arch, run.backend, run.backward,
-                            run.seed, as_json);
-    if (*run_cmd) return cmd_run(run_args, run, as_json);
+      return run_with_sanitize(run.sanitize, run.backend, [&] {
+        return run_with_files(run_files, run_args.spec, run_args.config_json, run_args.arch, run.backend, run.backward,
+                              run.seed, as_json);
+      });
+    if (*run_cmd) return run_with_sanitize(run.sanitize, run.backend, [&] { return cmd_run(run_args, run, as_json); });
     if (*demo_cmd) return as_json ? cmd_demo_json() : cmd_demo();
     if (*tune_cmd.cmd) return tune_cmd.run();
     if (*cache_cmd.cmd) return cache_cmd.run();

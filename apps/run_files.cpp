@@ -1,7 +1,9 @@
 // lunajit run --inputs/--save (apps/run_files.h).
 #include "apps/run_files.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -143,7 +145,11 @@ Status run(const RunFiles& files, const std::string& spec_arg, const std::string
   if (!backend) return backend.error();
   Backend& be = **backend;
   const Pass pass = backward ? Pass::backward : Pass::forward;
-  TileConfig fconfig = default_config(*spec, *arch, Pass::forward), bconfig = default_config(*spec, *arch, Pass::backward);
+  auto fdefault = fitting_default_config(*spec, *arch, Pass::forward);
+  if (!fdefault) return fdefault.error();
+  auto bdefault = backward ? fitting_default_config(*spec, *arch, Pass::backward) : fdefault;
+  if (!bdefault) return bdefault.error();
+  TileConfig fconfig = *fdefault, bconfig = *bdefault;
   if (!config_json.empty()) {
     for (auto [c, p] : {std::pair{&fconfig, Pass::forward}, std::pair{&bconfig, Pass::backward}}) {
       if (p == Pass::backward && !backward) continue;
@@ -216,11 +222,28 @@ Status run(const RunFiles& files, const std::string& spec_arg, const std::string
   }
   if (!files.save.empty())
     if (auto s = write_safetensors(files.save, out); !s) return s.error();
+  // Non-finite values (docs/MATH.md "Non-finite values"): the kernels propagate
+  // them; count what came in and what came out, and fail when finite inputs
+  // gave non-finite results.
+  auto nonfinite = [](const std::vector<float>& x) {
+    return std::count_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
+  };
+  const int64_t bad_in = nonfinite(*q) + nonfinite(*k) + nonfinite(*v) + nonfinite(params) +
+                         (backward ? nonfinite(dout) : 0);
+  nlohmann::json bad_out = nlohmann::json::object();
+  int64_t bad_out_total = 0;
+  for (const auto& t : out.tensors) {
+    if (t.dtype != StDType::F32) continue;
+    const int64_t n = nonfinite(t.to_floats());
+    bad_out[t.name] = n;
+    bad_out_total += n;
+  }
   if (as_json) {
     nlohmann::json names = nlohmann::json::array();
     for (const auto& t : out.tensors) names.push_back(t.name);
     std::puts(nlohmann::json{{"backend", be.description()}, {"pass", to_string(pass)},
-                             {"shape", {B, N, H}}, {"seconds", seconds}, {"saved", files.save}, {"tensors", names}}
+                             {"shape", {B, N, H}}, {"seconds", seconds}, {"saved", files.save}, {"tensors", names},
+                             {"nonfinite_inputs", bad_in}, {"nonfinite_outputs", bad_out}}
                   .dump(2)
                   .c_str());
   } else {
@@ -228,7 +251,16 @@ Status run(const RunFiles& files, const std::string& spec_arg, const std::string
                 backward ? "forward + backward" : "forward", be.description().c_str(), (long long)B, (long long)N,
                 (long long)H, files.inputs.c_str(), seconds * 1e3, files.save.empty() ? "" : "; wrote ",
                 files.save.c_str());
+    if (bad_in > 0 || bad_out_total > 0) {
+      std::printf("non-finite values: %lld in the inputs;", static_cast<long long>(bad_in));
+      for (const auto& [name, n] : bad_out.items()) std::printf(" %s %lld", name.c_str(), n.get<long long>());
+      std::printf(" in the outputs\n");
+    }
   }
+  if (bad_in == 0 && bad_out_total > 0)
+    return Error::failure(fmt::format("{} output values are NaN or Inf although every input is finite "
+                                      "(docs/MATH.md \"Non-finite values\")",
+                                      bad_out_total));
   return ok_status();
 }
 

@@ -45,6 +45,11 @@ struct ReportOptions {
   bool measure = true;   // time on the GPU when there is one of a requested arch
   int measure_repeats = 20;
   BinaryCache* cache = nullptr;  // nullptr: BinaryCache::global()
+  // Host bank profile (README "Host sanitizers", banks): every pass at the
+  // default config of the first arch, run on the host under the banks check
+  // at shape (1, 1, min(seq of the first shape, 128)); the report gains
+  // "bank_conflicts" (the sites with the most wavefronts above conflict-free).
+  bool bank_profile = false;
 };
 
 // The tile config a report uses for (spec, arch, shape) and how it was chosen:

@@ -8,7 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <filesystem>
+#include <limits>
 #include <gtest/gtest.h>
+
+#include "io/safetensors.h"
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -185,6 +190,21 @@ TEST(Cli, RunCheckOnHostPasses) {
   EXPECT_LT(j["rel_rms_error"].get<double>(), 1e-5) << describe(r);  // fp32 I/O, fp32 accumulation
 }
 
+TEST(Cli, RunSanitizedOnHostSaysWhichChecksRan) {
+  const CliResult r = run_cli({"run", R"({"family":"elu","dtype":"fp32","causal":true})", "--backend", "host", "--batch",
+                               "1", "--heads", "1", "--seq", "20", "--check", "--sanitize",
+                               "race,init,bounds,sync,schedule=random:3"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "sanitizers: init,bounds,sync,race; schedule random:3: clean (")) << describe(r);
+
+  const CliResult bad = run_cli({"run", "--backend", "host", "--sanitize", "init,racecheck"});
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+  EXPECT_TRUE(contains(bad.err, "unknown check 'racecheck'")) << describe(bad);
+  const CliResult cuda = run_cli({"run", "--backend", "cuda", "--sanitize", "race"});
+  EXPECT_EQ(cuda.exit_code, 2) << describe(cuda);
+  EXPECT_TRUE(contains(cuda.err, "not cuda")) << describe(cuda);
+}
+
 TEST(Cli, RunOnCudaWithoutGpuExits1WithHint) {
   if (cuda_gpu_present()) GTEST_SKIP() << "a CUDA GPU is present: --backend cuda would run";
   const CliResult r = run_cli({"run", "--backend", "cuda"});
@@ -316,6 +336,44 @@ TEST(Cli, TinyGradientsPassWithinTheRoundingFloor) {
                                "--batch", "1", "--heads", "1", "--seq", "1", "--backward", "--check"});
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.out, "within the fp32 rounding floor")) << describe(r);
+}
+
+// docs/MATH.md §3a: a NaN in v at causal row j reaches rows i >= j only, never
+// hangs, and `run --inputs` counts what went in and came out.
+TEST(Cli, NonFiniteInputsPropagateCausallyAndAreCounted) {
+  namespace fs = std::filesystem;
+  using lunajit::Safetensors, lunajit::StTensor, lunajit::read_safetensors, lunajit::write_safetensors;
+  const fs::path dir = fs::temp_directory_path() / ("lunajit-cli-nan-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const int64_t B = 1, N = 24, H = 1, d = 8, j = 10;
+  std::vector<float> q(B * N * H * d), k(q.size()), v(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = 0.1f * float((i * 7) % 13) - 0.6f;
+    k[i] = 0.1f * float((i * 5) % 11) - 0.5f;
+    v[i] = 0.1f * float((i * 3) % 17) - 0.8f;
+  }
+  v[j * d + 3] = std::numeric_limits<float>::quiet_NaN();
+  Safetensors in;
+  for (auto& [name, data] : {std::pair<const char*, std::vector<float>*>{"q", &q}, {"k", &k}, {"v", &v}})
+    in.tensors.push_back(StTensor::from_floats(name, {B, N, H, d}, *data));
+  ASSERT_TRUE(write_safetensors(dir / "in.safetensors", in).ok());
+  const CliResult r = run_cli({"run", R"({"family":"elu","dtype":"fp32","causal":true,"head_dim":8})", "--backend",
+                               "host", "--inputs", (dir / "in.safetensors").string(), "--save",
+                               (dir / "out.safetensors").string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);  // non-finite in, non-finite out: the documented propagation
+  const json j_out = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j_out.is_discarded()) << describe(r);
+  EXPECT_EQ(j_out["nonfinite_inputs"].get<int64_t>(), 1) << describe(r);
+  auto out = read_safetensors(dir / "out.safetensors");
+  ASSERT_TRUE(out.ok()) << out.error().message;
+  const std::vector<float> o = out->find("o")->to_floats();
+  for (int64_t i = 0; i < N; ++i) {
+    bool finite = true;
+    for (int64_t c = 0; c < d; ++c) finite &= std::isfinite(o[i * d + c]);
+    EXPECT_EQ(finite, i < j) << "row " << i;
+  }
+  EXPECT_EQ(j_out["nonfinite_outputs"]["o"].get<int64_t>(), N - j) << describe(r);  // channel 3 of rows >= j
+  fs::remove_all(dir);
 }
 
 }  // namespace

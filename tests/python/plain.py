@@ -110,6 +110,19 @@ def phi(x, p, spec, is_query):
     raise ValueError("plain: unknown family " + fam)
 
 
+def _causal_performer_scores(pq, k, p, spec):
+    """A [n, n] of causal performer (MATH.md section 2): query i sees key j <= i as
+    m^-1/2 exp(e(k_j) - M_i) + kernel_eps, M_i = max_{j <= i} max_r e(k_j)_r
+    (the running max; a stop-gradient constant)."""
+    o = spec["performer"]
+    n, d = k.shape
+    ks = k * d ** -0.25
+    e = ks @ p["omega"].t() - 0.5 * (ks * ks).sum(1, keepdim=True)  # [n, m]
+    m_run = torch.cummax(e.max(1).values.detach(), 0).values  # [n]
+    pk_i = torch.exp(e[None, :, :] - m_run[:, None, None]) / math.sqrt(o["features"]) + o["kernel_eps"]  # [i, j, m]
+    return (pq[:, None, :] * pk_i).sum(2)
+
+
 def linear_attention(q, k, v, params, spec):
     """o [batch, seq, heads, dv] for q, k [batch, seq, heads, d] (MATH.md section 1, as A V)."""
     layout = lunajit.param_layout(spec)
@@ -122,8 +135,11 @@ def linear_attention(q, k, v, params, spec):
         for hi in range(h):
             p = _block(params, layout, hi, spec)
             pq = phi(q[bi, :, hi], p, spec, True)
-            pk = phi(k[bi, :, hi], p, spec, False)
-            a = pq @ pk.t()
+            if spec["family"] == "performer" and spec["causal"]:
+                a = _causal_performer_scores(pq, k[bi, :, hi], p, spec)
+            else:
+                pk = phi(k[bi, :, hi], p, spec, False)
+                a = pq @ pk.t()
             if spec["causal"]:
                 a = a * torch.ones(n, n, dtype=a.dtype).tril()
             if spec["normalize"]:
