@@ -5,12 +5,17 @@
 #include <cstdio>
 #include <iostream>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/cache_command.h"
+#include "apps/cli_support.h"
 #include "apps/report_command.h"
+#include "apps/sanitize_option.h"
+#include "apps/run_files.h"
 #include "apps/tune_command.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
@@ -41,9 +46,8 @@ Result<AttentionSpec> read_spec(const SpecArgs& a) { return load_spec(a.spec); }
 
 Result<TileConfig> read_config(const SpecArgs& a, const AttentionSpec& spec, const Arch& arch,
                                Pass pass = Pass::forward) {
-  TileConfig base = default_config(spec, arch, pass);
-  if (a.config_json.empty()) return base;
-  auto c = tile_config_from_string(a.config_json, base);
+  if (a.config_json.empty()) return fitting_default_config(spec, arch, pass);
+  auto c = tile_config_from_string(a.config_json, default_config(spec, arch, pass));
   if (!c) return c.error();
   if (auto st = can_implement(spec, *c, arch, pass); !st) return st.error();
   return c;
@@ -97,15 +101,28 @@ struct CompileRow {
   bool cached = false;
 };
 
+void print_compile_table(const std::vector<CompileRow>& rows);
+
 Result<std::vector<CompileRow>> compile_all(const AttentionSpec& spec, const SpecArgs& a,
                                             const std::vector<Arch>& archs) {
   std::vector<CompileRow> rows;
+  std::vector<std::string> not_fitting;
   for (const Arch& arch : archs) {
     for (Pass pass : {Pass::feature_map, Pass::forward, Pass::backward}) {
       auto config = read_config(a, spec, arch, pass);
-      if (!config) return config.error();
+      if (!config) {
+        // One arch or pass that does not fit must not hide the others' results.
+        if (config.error().kind != ErrorKind::invalid_argument) return config.error();
+        not_fitting.push_back(config.error().message);
+        std::fprintf(stderr, "lunajit: %s %s: does not fit: %s\n", arch.name().c_str(), to_string(pass).data(),
+                     config.error().message.c_str());
+        continue;
+      }
       auto src = generate(spec, *config, pass);
       if (!src) return src.error();
+      // NVRTC takes seconds per pass: say what is being compiled (stderr).
+      std::fprintf(stderr, "lunajit: compiling %s %s (%s)...\n", arch.name().c_str(), to_string(pass).data(),
+                   config->to_string().c_str());
       auto compiled = compile_nvrtc(*src, arch);
       if (!compiled) return compiled.error();
       for (const auto& e : src->entries) {
@@ -116,6 +133,11 @@ Result<std::vector<CompileRow>> compile_all(const AttentionSpec& spec, const Spe
         rows.push_back(r);
       }
     }
+  }
+  if (!not_fitting.empty()) {
+    if (rows.empty()) return Error::invalid(not_fitting.front());
+    print_compile_table(rows);
+    return Error::invalid(fmt::format("{} of the passes do not fit (above); the others compiled", not_fitting.size()));
   }
   return rows;
 }
@@ -166,14 +188,18 @@ struct RunArgs {
   int batch = 2, heads = 4, seq = 256;
   bool check = false, backward = false, fused = false;
   uint64_t seed = 0;
+  std::string sanitize;  // --sanitize (apps/sanitize_option.h)
 };
 
+// JSON has no NaN or Infinity: a non-finite error is written as null.
+json number_or_null(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+
 json report_json(const CheckReport& r, bool checked) {
-  json j = {{"kernel", r.kernel_name}, {"seconds", r.kernel_seconds}};
+  json j = {{"kernel", r.kernel_name}, {"seconds", r.kernel_seconds}, {"nonfinite_outputs", r.nonfinite}};
   if (checked)
-    j.update({{"max_abs_error", r.max_abs_error},
-              {"rms_error", r.rms_error},
-              {"rel_rms_error", r.rel_rms},
+    j.update({{"max_abs_error", number_or_null(r.max_abs_error)},
+              {"rms_error", number_or_null(r.rms_error)},
+              {"rel_rms_error", number_or_null(r.rel_rms)},
               {"tolerance", r.tolerance},
               {"pass", r.pass}});
   return j;
@@ -187,8 +213,9 @@ int run_backward(Backend& backend, const AttentionSpec& spec, const TileConfig& 
     json tensors = json::array();
     for (const auto& t : rep->tensors)
       tensors.push_back({{"name", t.name},
-                         {"max_abs_error", t.max_abs_error},
-                         {"rel_rms_error", t.rel_rms},
+                         {"max_abs_error", number_or_null(t.max_abs_error)},
+                         {"rel_rms_error", number_or_null(t.rel_rms)},
+                         {"nonfinite", t.nonfinite},
                          {"pass", t.pass}});
     json j = {{"kernel", rep->kernel_name}, {"seconds", rep->kernel_seconds}, {"backend", backend.description()},
               {"config", config.to_json()}};
@@ -198,13 +225,30 @@ int run_backward(Backend& backend, const AttentionSpec& spec, const TileConfig& 
     std::printf("%s on %s, config %s, batch %d heads %d seq %d: backward %.3f ms\n", rep->kernel_name.c_str(),
                 backend.description().c_str(), config.to_string().c_str(), opt.shape.batch, opt.shape.heads,
                 opt.shape.seq, rep->kernel_seconds * 1e3);
+    for (const auto& t : rep->tensors)
+      if (t.nonfinite > 0 && !check)
+        std::printf("  %-6s %lld values are NaN or Inf\n", t.name.c_str(), static_cast<long long>(t.nonfinite));
     if (check) {
-      for (const auto& t : rep->tensors)
-        std::printf("  %-6s max abs error %.3e, rms error ratio %.3e: %s\n", t.name.c_str(), t.max_abs_error,
-                    t.rel_rms, t.pass ? "PASS" : "FAIL");
+      for (const auto& t : rep->tensors) {
+        std::printf("  %-6s max abs error %.3e, rms error ratio %.3e%s: %s\n", t.name.c_str(), t.max_abs_error,
+                    t.rel_rms,
+                    t.nonfinite ? fmt::format(" ({} values NaN or Inf)", t.nonfinite).c_str()
+                    : t.within_rounding_floor
+                        ? fmt::format(" (within the fp32 rounding floor {:.1e} of its terms)", t.rounding_floor).c_str()
+                        : "",
+                    t.pass ? "PASS" : "FAIL");
+      }
       std::printf("check vs double reference (tolerance %.0e, parameter gradients %.0e): %s\n", rep->tolerance,
                   rep->parameter_tolerance, rep->pass ? "PASS" : "FAIL");
     }
+  }
+  // Random finite inputs never give a non-finite gradient: say so and fail, even without --check.
+  int64_t nonfinite = 0;
+  for (const auto& t : rep->tensors) nonfinite += t.nonfinite;
+  if (nonfinite > 0) {
+    std::fprintf(stderr, "lunajit: %lld gradient values are NaN or Inf (docs/MATH.md \"Non-finite values\")\n",
+                 static_cast<long long>(nonfinite));
+    return 1;
   }
   return check && !rep->pass ? 1 : 0;
 }
@@ -235,9 +279,16 @@ int cmd_run(const SpecArgs& a, const RunArgs& r, bool as_json) {
     std::printf("%s on %s, config %s, batch %d heads %d seq %d: %.3f ms\n", rep->kernel_name.c_str(),
                 (*backend)->description().c_str(), config->to_string().c_str(), r.batch, r.heads, r.seq,
                 rep->kernel_seconds * 1e3);
+    if (rep->nonfinite > 0)
+      std::printf("%lld of the outputs are NaN or Inf\n", static_cast<long long>(rep->nonfinite));
     if (r.check)
       std::printf("check vs double reference: max abs error %.3e, rms error ratio %.3e (tolerance %.0e): %s\n",
                   rep->max_abs_error, rep->rel_rms, rep->tolerance, rep->pass ? "PASS" : "FAIL");
+  }
+  if (rep->nonfinite > 0) {
+    std::fprintf(stderr, "lunajit: %lld outputs are NaN or Inf (docs/MATH.md \"Non-finite values\")\n",
+                 static_cast<long long>(rep->nonfinite));
+    return 1;
   }
   return r.check && !rep->pass ? 1 : 0;
 }
@@ -294,6 +345,22 @@ int cmd_demo() {
   return status;
 }
 
+// `demo --json`: the demo's text goes to stderr and one JSON summary (exit
+// code and what was validated) to stdout, so scripts can read the result.
+int cmd_demo_json() {
+  std::fflush(stdout);
+  const int saved = ::dup(1);
+  ::dup2(2, 1);
+  const int rc = cmd_demo();
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  std::puts(json{{"demo", "default LUNA spec, causal and non-causal"}, {"exit_code", rc}, {"pass", rc == 0}}
+                .dump(2)
+                .c_str());
+  return rc;
+}
+
 }  // namespace
 }  // namespace lunajit
 
@@ -301,8 +368,9 @@ int main(int argc, char** argv) {
   using namespace lunajit;
   CLI::App app{"lunajit: JIT kernels for kernelized linear attention (LUNA and relatives)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("lunajit ") + LUNAJIT_VERSION);
+  app.option_defaults()->always_capture_default();  // --help shows every default
   bool as_json = false;
-  app.add_flag("--json", as_json, "machine-readable output");
 
   std::string family = "luna";
   auto* spec_cmd = app.add_subcommand("spec", "print the default spec of a family");
@@ -314,28 +382,28 @@ int main(int argc, char** argv) {
   auto* emit_cmd = app.add_subcommand("emit", "print the generated CUDA source");
   add_spec_args(emit_cmd, emit_args, true);
   emit_cmd->add_option("--pass", pass, "feature_map | forward | backward");
-  emit_cmd->add_flag("--json", as_json, "machine-readable output");
 
   SpecArgs compile_args;
   std::string archs = "sm_80,sm_90";
   auto* compile_cmd = app.add_subcommand("compile", "compile every kernel with NVRTC; print resource usage");
   add_spec_args(compile_cmd, compile_args, false);
   compile_cmd->add_option("--arch", archs, "comma-separated archs: sm_75 ... sm_121");
-  compile_cmd->add_flag("--json", as_json, "machine-readable output");
 
   SpecArgs run_args;
   RunArgs run;
   auto* run_cmd = app.add_subcommand("run", "run the kernels on random inputs; --check compares with the reference");
   add_spec_args(run_cmd, run_args, true);
   run_cmd->add_option("--backend", run.backend, "auto | cuda | host")->check(CLI::IsMember({"auto", "cuda", "host"}));
-  run_cmd->add_option("--batch", run.batch, "batch size")->check(CLI::PositiveNumber);
-  run_cmd->add_option("--heads", run.heads, "heads")->check(CLI::PositiveNumber);
-  run_cmd->add_option("--seq", run.seq, "sequence length")->check(CLI::PositiveNumber);
-  run_cmd->add_option("--seed", run.seed, "seed of the random inputs and parameters");
+  run_cmd->add_option("--batch", run.batch, "batch size")->check(int_in("--batch", limits::kBatch));
+  run_cmd->add_option("--heads", run.heads, "heads")->check(int_in("--heads", limits::kHeads));
+  run_cmd->add_option("--seq", run.seq, "sequence length")->check(int_in("--seq", limits::kSeq));
+  run_cmd->add_option("--seed", run.seed, "seed of the random inputs and parameters")->check(uint64_value("--seed"));
   run_cmd->add_flag("--check", run.check, "compare with the double-precision reference (exit 1 on failure)");
   run_cmd->add_flag("--backward", run.backward, "run the backward pass (checks dq, dk, dv and parameter gradients)");
   run_cmd->add_flag("--fused-qkv", run.fused, "q, k, v as strided slices of one fused buffer");
-  run_cmd->add_flag("--json", as_json, "machine-readable output");
+  RunFiles run_files;  // --inputs / --save (apps/run_files.h)
+  add_run_file_options(run_cmd, run_files);
+  run_cmd->add_option("--sanitize", run.sanitize, "host sanitizers: init,bounds,sync,race,banks,all,schedule=reverse|random:SEED");
 
   ReportArgs report_args;
   const ReportCommand report_cmd = add_report_command(app, report_args);
@@ -344,19 +412,22 @@ int main(int argc, char** argv) {
   const Subcommand cache_cmd = add_cache_command(app);
 
   auto* demo_cmd = app.add_subcommand("demo", "the main job on its defaults: generate, compile, validate");
+  add_json_everywhere(app, as_json);
 
+  if (const int rc = parse_command_line(app, normalize_argv(app, argc, argv)); rc >= 0) return rc;
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
-  try {
+    if (*compile_cmd || *run_cmd || *demo_cmd || *report_cmd.report)
+      if (auto st = check_cache_environment(); !st) return fail(st.error());
     if (*spec_cmd) return cmd_spec(family, as_json);
     if (*emit_cmd) return cmd_emit(emit_args, pass, as_json);
     if (*compile_cmd) return cmd_compile(compile_args, archs, as_json);
-    if (*run_cmd) return cmd_run(run_args, run, as_json);
-    if (*demo_cmd) return cmd_demo();
+    if (*run_cmd && !run_files.inputs.empty())
+      return run_with_sanitize(run.sanitize, run.backend, [&] {
+        return run_with_files(run_files, run_args.spec, run_args.config_json, run_args.arch, run.backend, run.backward,
+                              run.seed, as_json);
+      });
+    if (*run_cmd) return run_with_sanitize(run.sanitize, run.backend, [&] { return cmd_run(run_args, run, as_json); });
+    if (*demo_cmd) return as_json ? cmd_demo_json() : cmd_demo();
     if (*tune_cmd.cmd) return tune_cmd.run();
     if (*cache_cmd.cmd) return cache_cmd.run();
     if (*report_cmd.report) return run_report_command(report_cmd, report_args, as_json);

@@ -23,12 +23,13 @@ Result<report::ReportOptions> options_from(const ReportArgs& a) {
   auto archs = parse_arch_list(a.archs);
   if (!archs) return archs.error();
   o.archs = std::move(*archs);
-  auto shapes = report::parse_shapes(a.shapes);
+  auto shapes = parse_shapes(a.shapes, "--shapes");
   if (!shapes) return shapes.error();
   o.shapes = std::move(*shapes);
   if (a.causal == "both") o.causal = report::CausalVariants::both;
   else if (a.causal != "spec") return Error::invalid(fmt::format("--causal = {}: allowed: spec, both", a.causal));
   o.measure = !a.no_measure;
+  o.bank_profile = a.bank_profile;
   o.compile = !a.no_compile;
   if (a.repeats < 1) return Error::invalid(fmt::format("--repeats = {}: must be >= 1", a.repeats));
   o.measure_repeats = a.repeats;
@@ -73,6 +74,9 @@ ReportCommand add_report_command(CLI::App& app, ReportArgs& a) {
   c.report->add_option("--out", a.out, "output directory (report.json, report.md, report.html)");
   c.report->add_option("--causal", a.causal, "spec: the spec's causality; both: causal and non-causal");
   c.report->add_flag("--no-measure", a.no_measure, "predict only, even on a GPU");
+  c.report->add_flag("--bank-profile", a.bank_profile,
+                     "run every pass on the host under the banks sanitizer and add a table of the worst "
+                     "shared-memory bank-conflict sites");
   c.report->add_flag("--no-compile", a.no_compile, "skip NVRTC (no registers, spills or occupancy)");
   c.report->add_option("--repeats", a.repeats, "launches per timed kernel on a GPU");
   c.compare = c.report->add_subcommand("compare", "lay several report.json side by side (compare.md, compare.html)");

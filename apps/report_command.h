@@ -25,6 +25,7 @@ struct ReportArgs {
   std::string out = "lunajit-report";
   std::string causal = "spec";
   bool no_measure = false;
+  bool bank_profile = false;  // --bank-profile
   bool no_compile = false;
   int repeats = 20;
   std::vector<std::string> compare_inputs;

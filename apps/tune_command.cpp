@@ -24,25 +24,59 @@ int fail(const Error& e) {
   return e.kind == ErrorKind::invalid_argument ? 2 : 1;
 }
 
-// "[compile forward] ##########.......... 12/40" on one stderr line, redrawn.
+std::string duration_text(double s) {
+  if (s < 60) return fmt::format("{:.0f} s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", int(s) / 60, int(s) % 60);
+  return fmt::format("{}h{:02d}m", int(s) / 3600, int(s) / 60 % 60);
+}
+
+// Progress on stderr. On a terminal: "[compile forward] ####....... 12/40 ETA 19 s"
+// on one line, redrawn. Otherwise (a log file, a pipe): a line at the first
+// step of each stage, then at most every kLogEvery seconds, and at its end:
+// "lunajit tune: compile forward 12/40 (30%), 8 s elapsed, ETA 19 s".
+// The counter of a stage never goes backwards.
 class ProgressBar {
  public:
+  static constexpr double kLogEvery = 10;
   explicit ProgressBar(bool enabled) : enabled_(enabled), tty_(::isatty(2) != 0) {}
   ~ProgressBar() { finish(); }
   void update(const TuneProgress& p) {
     if (!enabled_ || p.total == 0) return;
+    const auto now = Clock::now();
     const std::string label = fmt::format("{} {}", p.stage, to_string(p.pass));
-    // Without a terminal, one line per stage (at its end) instead of redraws.
-    if (!tty_ && p.done != p.total) return;
-    constexpr int kWidth = 30;
-    const int filled = static_cast<int>(kWidth * p.done / p.total);
-    std::fprintf(stderr, "%s[%-16s] %s%s %zu/%zu%s", tty_ ? "\r" : "", label.c_str(), std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, '.').c_str(), p.done, p.total, tty_ ? "" : "\n");
-    open_ = tty_;
-    if (p.done == p.total && tty_) {
-      std::fputc('\n', stderr);
-      open_ = false;
+    const bool same_stage = label == label_ && p.total == total_;
+    // An older report of a stage still running: never show the counter going back.
+    if (same_stage && p.done < done_ && done_ != total_) return;
+    if (!same_stage || p.done < done_) {  // a new stage (or the same stage again, for the next shape)
+      finish();
+      label_ = label;
+      total_ = p.total;
+      start_ = now;
+      last_line_ = {};
+      done_ = 0;
     }
+    if (p.done == done_ && p.done != 0) return;
+    done_ = p.done;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const std::string eta = p.done == 0 ? "ETA ?"
+                            : p.done == p.total
+                                ? fmt::format("done in {}", duration_text(elapsed))
+                                : "ETA " + duration_text(elapsed * double(p.total - p.done) / double(p.done));
+    if (tty_) {
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * p.done / p.total);
+      std::fprintf(stderr, "\r[%-16s] %s%s %zu/%zu %-16s", label.c_str(), std::string(filled, '#').c_str(),
+                   std::string(kWidth - filled, '.').c_str(), p.done, p.total, eta.c_str());
+      open_ = true;
+      if (p.done == p.total) finish();
+      return;
+    }
+    const bool due = p.done <= 1 || p.done == p.total ||
+                     std::chrono::duration<double>(now - last_line_).count() >= kLogEvery;
+    if (!due) return;
+    last_line_ = now;
+    std::fprintf(stderr, "lunajit tune: %s %zu/%zu (%.0f%%), %s elapsed, %s\n", label.c_str(), p.done, p.total,
+                 100.0 * double(p.done) / double(p.total), duration_text(elapsed).c_str(), eta.c_str());
   }
   void finish() {
     if (open_) std::fputc('\n', stderr);
@@ -50,7 +84,11 @@ class ProgressBar {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   bool enabled_, tty_, open_ = false;
+  std::string label_;
+  size_t total_ = 0, done_ = 0;
+  Clock::time_point start_, last_line_;
 };
 
 std::string shape_text(const ProblemShape& s) { return fmt::format("{}x{}x{}", s.batch, s.heads, s.seq); }
@@ -106,29 +144,8 @@ json results_json(const std::vector<TuneResult>& results) {
 
 }  // namespace
 
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text) {
-  std::vector<ProblemShape> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(';', start);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string part(text.substr(start, end - start));
-    if (!part.empty()) {
-      int b = 0, h = 0, n = 0;
-      char extra = 0;
-      if (std::sscanf(part.c_str(), "%d,%d,%d%c", &b, &h, &n, &extra) != 3)
-        return Error::invalid(fmt::format("--shapes: \"{}\" is not B,H,N (e.g. 2,8,1024)", part));
-      ProblemShape s{b, h, n};
-      if (auto st = validate(s); !st) return Error::invalid(fmt::format("--shapes \"{}\": {}", part, st.error().message));
-      out.push_back(s);
-    }
-    start = end + 1;
-  }
-  if (out.empty()) return Error::invalid("--shapes: no shape given (e.g. 2,8,1024;1,16,4096)");
-  return out;
-}
-
 int run_tune(const TuneRun& a) {
+  if (auto st = BinaryCache::check_environment(); !st) return fail(st.error());
   auto spec = load_spec(a.spec.empty() ? std::string(R"({"family": "luna"})") : a.spec);
   if (!spec) return fail(spec.error());
   auto shapes = parse_shapes(a.shapes);
@@ -176,6 +193,19 @@ int run_tune(const TuneRun& a) {
   }
   ProgressBar bar(!a.quiet && !a.json);
   opt.progress = [&](const TuneProgress& p) { bar.update(p); };
+  opt.on_result = [&](const TuneResult& r) {
+    if (a.quiet || a.json) return;
+    bar.finish();
+    if (r.from_db)
+      std::fprintf(stderr,
+                   "lunajit tune: %s %s already tuned (%s%s), skipped; --retune tunes it again\n",
+                   std::string(to_string(r.pass)).c_str(), shape_text(r.shape).c_str(), r.method.c_str(),
+                   r.tuned_at.empty() ? "" : (", " + r.tuned_at).c_str());
+    else
+      std::fprintf(stderr, "lunajit tune: %s %s -> %s, %s\n", std::string(to_string(r.pass)).c_str(),
+                   shape_text(r.shape).c_str(), r.chosen.to_string().c_str(),
+                   r.saved ? "saved" : "NOT saved (the database is not writable)");
+  };
   std::unique_ptr<Timer> timer;
   if (gpu) {
     CudaTimerOptions t;
@@ -195,22 +225,37 @@ int run_tune(const TuneRun& a) {
   bar.finish();
   if (!results) return fail(results.error());
   const uint64_t compiles = nvrtc_invocations() - nvrtc_before;
+  bool all_from_db = true;
+  for (const auto& r : *results) all_from_db = all_from_db && r.from_db;
+  // Results that could not be written must not look saved.
+  const bool saved = db.persistent() || all_from_db;
+  const std::string not_saved =
+      saved ? "" : fmt::format("the tuning results were NOT saved: cannot write {} ({}); they were used for this run only",
+                               db.file().string(), db.not_saved_reason());
   if (a.json) {
     std::puts(json{{"spec", to_json(*spec)},
                    {"arch", arch.name()},
                    {"device", fp.to_json()},
                    {"database", db.file().string()},
+                   {"saved", saved},
                    {"seconds", seconds},
                    {"nvrtc_compiles", compiles},
                    {"results", results_json(*results)}}
                   .dump(2)
                   .c_str());
-    return 0;
+    if (!saved) std::fprintf(stderr, "lunajit: %s\n", not_saved.c_str());
+    return saved ? 0 : 1;
   }
   if (a.note) std::printf("%s\n", a.note->c_str());
   std::printf("tuned %s for %s on %s (%s)\n", spec_hash(*spec).substr(0, 8).c_str(), arch.name().c_str(),
               fp.name.c_str(), gpu ? "measured with CUDA events" : "no GPU: checked on the host, model-ranked");
   print_table(*results);
+  if (!saved) {
+    std::printf("%.1f s, %llu NVRTC compiles; NOT saved\n", seconds, static_cast<unsigned long long>(compiles));
+    std::fflush(stdout);
+    std::fprintf(stderr, "lunajit: %s\n", not_saved.c_str());
+    return 1;
+  }
   std::printf("%.1f s, %llu NVRTC compiles; database %s\n", seconds, static_cast<unsigned long long>(compiles),
               db.file().string().c_str());
   return 0;
@@ -245,8 +290,11 @@ Subcommand add_tune_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "auto | cuda | host")->check(CLI::IsMember({"auto", "cuda", "host"}));
   cmd->add_option("--pass", args->pass, "forward | backward | all")
       ->check(CLI::IsMember({"forward", "backward", "all"}));
-  cmd->add_option("--max-candidates", args->max_candidates, "tune an evenly spaced subset of this many candidates");
-  cmd->add_option("--threads", args->threads, "compile/check workers (default: all cores)");
+  cmd->add_option("--max-candidates", args->max_candidates,
+                  "tune an evenly spaced subset of this many candidates (0: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}));
+  cmd->add_option("--threads", args->threads, "compile/check workers (default 0: all cores)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_flag("--retune", args->retune, "ignore the database and tune again");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->add_flag("--json", args->json, "machine-readable output");

@@ -18,9 +18,6 @@ namespace lunajit {
 
 Subcommand add_tune_command(CLI::App& app);
 
-// Parses "2,8,1024;1,16,4096" (batch, heads, seq per shape); the error names
-// the bad part.
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text);
 
 struct TuneRun {
   std::string spec;             // spec JSON text or file

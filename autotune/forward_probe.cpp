@@ -152,25 +152,42 @@ Result<std::vector<double>> ForwardProbe::reference() const {
   return std::move(r->out);
 }
 
-CheckReport compare_outputs(const std::vector<double>& got, const std::vector<double>& want, DType dtype) {
-  CheckReport rep;
+ErrorStats measure_error(const std::vector<double>& got, const std::vector<double>& want) {
+  ErrorStats e;
   double se = 0, sr = 0;
-  bool finite = got.size() == want.size();
   const size_t n = std::min(got.size(), want.size());
+  e.size_mismatch = got.size() != want.size();
   for (size_t i = 0; i < n; ++i) {
-    finite &= std::isfinite(got[i]);
-    const double e = std::abs(got[i] - want[i]);
-    rep.max_abs_error = std::max(rep.max_abs_error, e);
-    se += e * e;
+    if (!std::isfinite(got[i])) {
+      ++e.nonfinite;
+      continue;
+    }
+    const double diff = std::abs(got[i] - want[i]);
+    e.max_abs_error = std::max(e.max_abs_error, diff);
+    se += diff * diff;
     sr += want[i] * want[i];
   }
   const double count = std::max<double>(double(n), 1);
-  rep.rms_error = std::sqrt(se / count);
-  rep.rms_reference = std::sqrt(sr / count);
+  e.rms_error = std::sqrt(se / count);
+  e.rms_reference = std::sqrt(sr / count);
+  // A non-finite value is an infinite error, never "max abs error 0".
+  if (e.nonfinite > 0 || e.size_mismatch) {
+    e.max_abs_error = std::numeric_limits<double>::infinity();
+    e.rms_error = std::numeric_limits<double>::infinity();
+  }
+  return e;
+}
+
+CheckReport compare_outputs(const std::vector<double>& got, const std::vector<double>& want, DType dtype) {
+  const ErrorStats e = measure_error(got, want);
+  CheckReport rep;
+  rep.max_abs_error = e.max_abs_error;
+  rep.rms_error = e.rms_error;
+  rep.rms_reference = e.rms_reference;
+  rep.nonfinite = e.nonfinite;
   rep.rel_rms = rep.rms_reference > 0 ? rep.rms_error / rep.rms_reference : rep.rms_error;
   rep.tolerance = forward_tolerance(dtype);
-  rep.pass = finite && rep.rel_rms <= rep.tolerance;
-  if (!finite) rep.rel_rms = std::numeric_limits<double>::infinity();
+  rep.pass = e.finite() && rep.rel_rms <= rep.tolerance;
   return rep;
 }
 

@@ -64,6 +64,16 @@ class ForwardProbe {
 
 // rel_rms etc. of `got` against `want` with `dtype`'s forward tolerance; a
 // non-finite value or a size mismatch fails.
+// Error of `got` against `want`: max abs, rms, rms of the reference, and the
+// count of non-finite values of `got` (which make the errors infinite).
+struct ErrorStats {
+  double max_abs_error = 0, rms_error = 0, rms_reference = 0;
+  int64_t nonfinite = 0;
+  bool size_mismatch = false;
+  bool finite() const { return nonfinite == 0 && !size_mismatch; }
+};
+ErrorStats measure_error(const std::vector<double>& got, const std::vector<double>& want);
+
 CheckReport compare_outputs(const std::vector<double>& got, const std::vector<double>& want, DType dtype);
 
 }  // namespace lunajit

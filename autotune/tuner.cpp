@@ -36,10 +36,13 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t)>& body
   auto work = [&] {
     for (size_t i = next++; i < n; i = next++) {
       body(i);
-      const size_t d = ++done;
       if (on_done) {
+        // Counted under the lock, so the reports arrive in order (a counter
+        // taken before the lock could be overtaken: 3/5 printed before 2/5).
         std::lock_guard lock(progress_mu);
-        on_done(d);
+        on_done(++done);
+      } else {
+        ++done;
       }
     }
   };
@@ -167,6 +170,8 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
         r.chosen = *config;
         r.method = entry->method;
         r.from_db = true;
+        r.tuned_at = entry->tuned_at;
+        if (options_.on_result) options_.on_result(r);
         results.push_back(std::move(r));
       } else {
         pending.push_back(shape);
@@ -260,7 +265,6 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
 
     // Step 4: rank at each pending shape.
     const bool measure = timer_ != nullptr && timing_backend_ != nullptr && pass == Pass::forward;
-    std::vector<TuningEntry> entries;
     for (const ProblemShape& shape : pending) {
       TuneResult res;
       res.pass = pass;
@@ -333,10 +337,14 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       e.spec = to_json(spec);
       for (const CandidateResult& c : res.candidates)
         e.timings.push_back({c.config.to_json(), c.config.to_string(), c.ms, c.status});
-      entries.push_back(std::move(e));
+      // Stored as soon as it is decided: a tune stopped later keeps it, and a
+      // rerun serves this (pass, shape) from the database.
+      if (auto st = db_.store(e); !st) return st.error();
+      res.saved = db_.persistent();
+      if (auto found = db_.find(res.key)) res.tuned_at = found->tuned_at;
+      if (options_.on_result) options_.on_result(res);
       results.push_back(std::move(res));
     }
-    if (auto st = db_.store(entries); !st) return st.error();
   }
   return results;
 }

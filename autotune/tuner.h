@@ -17,7 +17,9 @@
 //      wins, ties to the earlier candidate, so every rank of a job that tunes
 //      the same way picks the same config.
 // Shapes whose bucket is already in the database are served from it without
-// compiling anything (unless `retune`).
+// compiling anything (unless `retune`). Each (pass, shape) is stored in the
+// database the moment it is decided, so a tune that is stopped resumes where
+// it left off: a rerun serves the finished ones from the database.
 #pragma once
 
 #include <functional>
@@ -43,6 +45,8 @@ struct TuneProgress {
   size_t done = 0, total = 0;
 };
 
+struct TuneResult;
+
 struct TuneOptions {
   Arch arch;
   std::vector<ProblemShape> shapes;
@@ -54,6 +58,9 @@ struct TuneOptions {
   bool retune = false;            // ignore what the database holds
   NvrtcOptions nvrtc;             // step 2's compile options (and binary cache)
   std::function<void(const TuneProgress&)> progress;
+  // Called for each (pass, shape) when it is served from the database
+  // (from_db) or decided and stored.
+  std::function<void(const TuneResult&)> on_result;
   // Tests only: changes a candidate's check output before it is compared
   // (to make a candidate wrong on purpose).
   std::function<void(const TileConfig&, std::vector<double>&)> perturb_output;
@@ -77,6 +84,8 @@ struct TuneResult {
   TileConfig chosen;
   std::string method;           // "measured" | "model-ranked"
   bool from_db = false;
+  bool saved = false;           // stored in the database file (false: memory only)
+  std::string tuned_at;         // the database entry's
   std::vector<CandidateResult> candidates;  // empty when from_db
   double compile_wall_seconds = 0;  // step 2 for the pass (shared by its shapes)
   double check_wall_seconds = 0;    // step 3

@@ -49,11 +49,18 @@ struct CheckReport {
   double rms_error = 0;
   double rms_reference = 0;
   double rel_rms = 0;        // rms_error / rms_reference
+  int64_t nonfinite = 0;     // outputs that are NaN or +-Inf (errors are then infinite)
   double tolerance = 0;
   bool pass = false;
   double kernel_seconds = 0;  // wall time of the forward on the backend
   std::string kernel_name;
 };
+
+// Host memory a check of `shape` allocates (estimate, bytes), and an error
+// (invalid_argument, with the figure) when it exceeds this machine's memory:
+// checked before anything is allocated, so a huge shape never ends in bad_alloc.
+int64_t check_host_bytes(const AttentionSpec& spec, const ProblemShape& shape, bool backward);
+Status check_host_memory(const AttentionSpec& spec, const ProblemShape& shape, bool backward);
 
 // The bound rel_rms must stay under for dtype (see the comment above).
 double forward_tolerance(DType dtype);
@@ -67,8 +74,13 @@ Result<CheckReport> check_forward(Backend& backend, const AttentionSpec& spec, c
 struct TensorError {
   std::string name;
   double max_abs_error = 0;
-  double rel_rms = 0;  // rms(got - ref) / rms(ref)
+  double rel_rms = 0;  // rms(got - ref) / max(rms(ref), scale): see check_backward
   double rms_reference = 0;
+  int64_t nonfinite = 0;
+  // 16 fp32 units of roundoff of the rms magnitude of the terms the gradient
+  // sums, and whether the tensor passed only within it (see check_backward).
+  double rounding_floor = 0;
+  bool within_rounding_floor = false;
   bool pass = false;
 };
 
@@ -88,6 +100,15 @@ struct BackwardCheckReport {
 // learned parameter gradient with reference::linear_attention_backward. The
 // bounds are the forward's (forward_tolerance): the same fp32 accumulation and
 // the same final rounding of dq, dk, dv to the I/O dtype.
+// Every gradient (dq, dk, dv and each parameter's) also passes when its rms
+// error is within 16 units of fp32 roundoff (16 * 2^-24) of the rms magnitude
+// of the terms it sums (reference Gradients::*_terms: the same sums with every
+// part taken absolute, e.g. |S| |g| + |z| |r| for dphi_q = S g + z r): a float sum
+// of terms carries an error of up to (n - 1) u sum|terms| (Higham, Accuracy
+// and Stability of Numerical Algorithms, §4.2), typically sqrt(n) u, so 16 u is
+// what an honest fp32 result shows where the exact value cancels (at seq 1 every
+// feature-map gradient is exactly 0: one key gives o = v whatever phi is), and a
+// lost or doubled term, an error of ~1/N of that magnitude, is far above it.
 // A parameter gradient's error is measured against the scale of all parameter
 // gradients of the spec, max(rms(ref of the tensor), rms(ref of every learned
 // tensor)): a gradient such as luna's db2 is a sum over all tokens whose terms

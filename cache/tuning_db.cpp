@@ -3,6 +3,7 @@
 #include "cache/tuning_db.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,16 +13,17 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <limits>
 #include <sstream>
 #include <system_error>
-#include <utility>
 
+#include <limits>
+#include <utility>
 #include <fmt/format.h>
 
 #include "cache/binary_cache.h"
 #include "cache/file_lock.h"
 #include "common/hash.h"
+#include "common/read_file.h"
 
 namespace lunajit {
 namespace fs = std::filesystem;
@@ -44,6 +46,22 @@ std::string slug(std::string_view s) {
   return out.substr(0, 48);
 }
 
+// j[key] as T, if it is a JSON integer within T's range: get<int>() on a float
+// such as 1e82 is undefined behaviour and on a larger integer wraps (both found
+// by tests/fuzz/tuning_db_fuzzer); throws json::out_of_range naming the field.
+template <class T>
+T integer_at(const json& j, const char* key) {
+  const json& v = j.at(key);
+  const bool ok = v.is_number_unsigned() ? std::in_range<T>(v.get<uint64_t>())
+                                          : v.is_number_integer() && std::in_range<T>(v.get<int64_t>());
+  if (!ok)
+    throw json::out_of_range::create(401, fmt::format("{} = {}: expected an integer in [{}, {}]", key,
+                                                      v.dump().substr(0, 40), std::numeric_limits<T>::min(),
+                                                      std::numeric_limits<T>::max()),
+                                     &v);
+  return v.get<T>();
+}
+
 enum class FileState { missing, ok, corrupt };
 
 struct FileRead {
@@ -53,22 +71,68 @@ struct FileRead {
   std::string reason;
 };
 
-FileRead read_db_file(const fs::path& file) {
+// The schema field, which must be the integer kTuningDbSchema.
+std::string schema_problem(const json& j) {
+  if (!j.contains("schema")) return "no schema field";
+  const json& v = j["schema"];
+  if (!v.is_number_integer()) return fmt::format("schema {} is not the integer {}", v.dump().substr(0, 40), kTuningDbSchema);
+  if (v.get<int64_t>() != kTuningDbSchema) return fmt::format("schema {}, expected {}", v.get<int64_t>(), kTuningDbSchema);
+  return "";
+}
+
+FileRead parse_db_text(const std::string& text) {
   FileRead r;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return r;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto parsed = parse_tuning_db(ss.str());
-  if (!parsed) {
-    r.state = FileState::corrupt;
-    r.reason = parsed.error().message;
+  r.state = FileState::corrupt;
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    r.reason = j.is_discarded() ? "not valid JSON" : "not a JSON object";
     return r;
   }
-  r.device = std::move(parsed->device);
-  for (auto& e : parsed->entries) r.entries.insert_or_assign(e.key, std::move(e));
+  if (std::string why = schema_problem(j); !why.empty()) {
+    r.reason = why;
+    return r;
+  }
+  if (j.contains("device")) {
+    auto d = DeviceFingerprint::from_json(j["device"]);
+    if (!d) {
+      r.reason = d.error().message;
+      return r;
+    }
+    r.device = *d;
+  }
+  if (!j.contains("entries") || !j["entries"].is_array()) {
+    r.reason = "no entries array";
+    return r;
+  }
+  for (const json& e : j["entries"]) {
+    auto entry = TuningEntry::from_json(e);
+    if (!entry) {
+      r.reason = entry.error().message;
+      return r;
+    }
+    r.entries.insert_or_assign(entry->key, std::move(*entry));
+  }
   r.state = FileState::ok;
   return r;
+}
+
+FileRead read_db_file(const fs::path& file) {
+  FileRead r;
+  struct stat st {};
+  if (::lstat(file.c_str(), &st) != 0) return r;  // missing
+  if (!S_ISREG(st.st_mode)) {
+    r.state = FileState::corrupt;
+    r.reason = S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file";
+    return r;
+  }
+  auto text = read_file_bounded(file, kMaxTuningFileBytes, "tuning database");
+  if (!text) {
+    if (::lstat(file.c_str(), &st) != 0) return r;  // removed meanwhile
+    r.state = FileState::corrupt;
+    r.reason = text.error().message;
+    return r;
+  }
+  return parse_db_text(*text);
 }
 
 json db_document(const DeviceFingerprint& device, const std::map<TuningKey, TuningEntry>& entries) {
@@ -87,7 +151,7 @@ std::string temp_suffix() {
 int replace_file(const fs::path& file, const std::string& text) {
   fs::path tmp = file;
   tmp += temp_suffix();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return errno;
   size_t done = 0;
   int err = 0;
@@ -107,14 +171,55 @@ int replace_file(const fs::path& file, const std::string& text) {
   return err;
 }
 
-// Sets a damaged file aside (the caller holds the lock) so that it can be
-// inspected, and the database continues empty.
-void set_aside(const fs::path& file, const std::string& reason) {
+std::string now_utc();
+
+// Sets a damaged file aside as <file>.corrupt-<UTC time>-<pid> (the caller
+// holds the lock) so that it can be inspected, and the database continues
+// without it. Returns the new name, or empty when it could not be moved.
+fs::path set_aside(const fs::path& file, const std::string& reason) {
+  std::string stamp = now_utc();
+  stamp.erase(std::remove(stamp.begin(), stamp.end(), ':'), stamp.end());
+  stamp.erase(std::remove(stamp.begin(), stamp.end(), '-'), stamp.end());
   fs::path aside = file;
-  aside += fmt::format(".corrupt-{}", ::getpid());
-  warn(fmt::format("tuning database {} is damaged ({}); moved to {} and starting empty", file.string(), reason,
-                   aside.string()));
-  ::rename(file.c_str(), aside.c_str());
+  aside += fmt::format(".corrupt-{}-{}", stamp, ::getpid());
+  if (::rename(file.c_str(), aside.c_str()) != 0) {
+    warn(fmt::format("tuning database {} is damaged ({}) and could not be moved aside ({}); ignoring it",
+                     file.string(), reason, errno_message(errno)));
+    return {};
+  }
+  warn(fmt::format("tuning database {} is damaged ({}); moved to {} and continuing without it", file.string(),
+                   reason, aside.string()));
+  return aside;
+}
+
+// mkdir -p <dir>/tuning with mode 0700 for what it creates; 0 or an errno.
+int make_tuning_dir(const fs::path& dir) {
+  fs::path prefix;
+  for (const fs::path& part : tuning_dir(dir)) {
+    prefix /= part;
+    if (::mkdir(prefix.c_str(), 0700) != 0) {
+      const int err = errno;
+      struct stat st {};
+      if (::stat(prefix.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) continue;
+        return ENOTDIR;
+      }
+      return err;
+    }
+  }
+  return 0;
+}
+
+// Why <dir>/tuning must not be used, or "" (also when it does not exist yet):
+// a symbolic link, or a directory of another user or writable by others.
+std::string tuning_dir_problem(const fs::path& dir) {
+  const fs::path t = tuning_dir(dir);
+  struct stat st {};
+  if (::lstat(t.c_str(), &st) != 0) return "";
+  if (S_ISLNK(st.st_mode)) return fmt::format("the tuning directory {} is a symbolic link", t.string());
+  if (!S_ISDIR(st.st_mode)) return "";  // nothing to read; make_tuning_dir reports ENOTDIR to writers
+  if (auto ok = BinaryCache::check_private_dir(t); !ok) return ok.error().message;
+  return "";
 }
 
 std::string now_utc() {
@@ -126,45 +231,7 @@ std::string now_utc() {
   return buf;
 }
 
-// j.at(key) as an integer of type T. nlohmann's get<int>() converts a float
-// such as 1e82 with undefined behaviour and wraps 2^32 + 64 to 64; both are
-// errors here. Throws json::exception (out_of_range 401), as j.at() does.
-template <class T>
-T integer_at(const json& j, const char* key) {
-  const json& v = j.at(key);
-  const bool ok = v.is_number_unsigned() ? std::in_range<T>(v.get<uint64_t>())
-                                          : v.is_number_integer() && std::in_range<T>(v.get<int64_t>());
-  if (!ok)
-    throw json::out_of_range::create(401, fmt::format("{} = {}: expected an integer in [{}, {}]", key, v.dump(),
-                                                      std::numeric_limits<T>::min(), std::numeric_limits<T>::max()),
-                                     &v);
-  return v.get<T>();
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------- file contents
-Result<TuningDbContents> parse_tuning_db(std::string_view text) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Error::invalid("not valid JSON");
-  const json schema = j.contains("schema") ? j["schema"] : json();
-  if (!schema.is_number_integer() || schema != kTuningDbSchema)
-    return Error::invalid(fmt::format("schema {}, expected {}", j.contains("schema") ? schema.dump() : "(missing)",
-                                      kTuningDbSchema));
-  TuningDbContents out;
-  if (j.contains("device")) {
-    auto d = DeviceFingerprint::from_json(j["device"]);
-    if (!d) return d.error();
-    out.device = *d;
-  }
-  if (!j.contains("entries") || !j["entries"].is_array()) return Error::invalid("no entries array");
-  for (const json& e : j["entries"]) {
-    auto entry = TuningEntry::from_json(e);
-    if (!entry) return entry.error();
-    out.entries.push_back(std::move(*entry));
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------- fingerprint
 json DeviceFingerprint::to_json() const {
@@ -195,12 +262,14 @@ std::string DeviceFingerprint::id() const {
 // ---------------------------------------------------------------- keys
 int64_t round_up_pow2(int64_t v) {
   int64_t p = 1;
-  while (p < v) p <<= 1;
+  while (p < v && p <= (int64_t{1} << 61)) p <<= 1;
   return p;
 }
 
+bool valid_bucket(int64_t v) { return v >= 1 && v <= kMaxShapeBucket && (v & (v - 1)) == 0; }
+
 ShapeBucket shape_bucket(int64_t batch, int64_t heads, int64_t seq, std::string dtype) {
-  return {static_cast<int>(round_up_pow2(seq)), static_cast<int>(round_up_pow2(batch * heads)), std::move(dtype)};
+  return {round_up_pow2(seq), round_up_pow2(batch * heads), std::move(dtype)};
 }
 
 std::string TuningKey::to_string() const {
@@ -211,41 +280,74 @@ json TuningEntry::to_json() const {
   json rows = json::array();
   for (const auto& r : timings)
     rows.push_back({{"config", r.config}, {"config_name", r.config_name}, {"ms", r.ms}, {"status", r.status}});
-  return {{"key", key.to_string()},
-          {"spec_hash", key.spec_hash},
-          {"pass", key.pass},
-          {"seq_bucket", key.bucket.seq},
-          {"bh_bucket", key.bucket.batch_heads},
-          {"dtype", key.bucket.dtype},
-          {"config", config},
-          {"config_name", config_name},
-          {"method", method},
-          {"timings", std::move(rows)},
-          {"spec", spec},
-          {"tuned_at", tuned_at}};
+  json j = {{"key", key.to_string()},
+            {"spec_hash", key.spec_hash},
+            {"pass", key.pass},
+            {"seq_bucket", key.bucket.seq},
+            {"bh_bucket", key.bucket.batch_heads},
+            {"dtype", key.bucket.dtype},
+            {"config", config},
+            {"config_name", config_name},
+            {"method", method},
+            {"timings", std::move(rows)},
+            {"spec", spec},
+            {"tuned_at", tuned_at},
+            {"origin", origin}};
+  if (origin == "imported") {
+    j["imported_from"] = imported_from;
+    j["imported_at"] = imported_at;
+  }
+  return j;
 }
 
 Result<TuningEntry> TuningEntry::from_json(const json& j) {
-  try {
-    TuningEntry e;
-    e.key.spec_hash = j.at("spec_hash").get<std::string>();
-    e.key.pass = j.at("pass").get<std::string>();
-    e.key.bucket.seq = integer_at<int>(j, "seq_bucket");
-    e.key.bucket.batch_heads = integer_at<int>(j, "bh_bucket");
-    e.key.bucket.dtype = j.at("dtype").get<std::string>();
-    e.config = j.at("config");
-    e.config_name = j.at("config_name").get<std::string>();
-    e.method = j.at("method").get<std::string>();
-    for (const json& r : j.at("timings"))
-      e.timings.push_back({r.at("config"), r.at("config_name").get<std::string>(), r.at("ms").get<double>(),
-                           r.at("status").get<std::string>()});
-    e.spec = j.value("spec", json::object());
-    e.tuned_at = j.value("tuned_at", "");
-    if (!e.config.is_object()) return Error::invalid("tuning entry: config is not an object");
-    return e;
-  } catch (const json::exception& ex) {
-    return Error::invalid(fmt::format("tuning entry: {}", ex.what()));
+  if (!j.is_object()) return Error::invalid(fmt::format("tuning entry: {} is not an object", j.dump().substr(0, 60)));
+  auto str = [&](const char* field, std::string& out, bool required) -> Status {
+    if (!j.contains(field)) {
+      if (required) return Error::invalid(fmt::format("tuning entry: no \"{}\"", field));
+      return ok_status();
+    }
+    if (!j[field].is_string())
+      return Error::invalid(fmt::format("tuning entry: \"{}\" is {}, not a string", field, j[field].dump().substr(0, 40)));
+    out = j[field].get<std::string>();
+    return ok_status();
+  };
+  auto bucket = [&](const char* field, int64_t& out) -> Status {
+    if (!j.contains(field) || !j[field].is_number_integer() || !valid_bucket(j[field].get<int64_t>()))
+      return Error::invalid(fmt::format("tuning entry: \"{}\" is {}; must be a power of two from 1 to {}", field,
+                                        j.contains(field) ? j[field].dump().substr(0, 40) : "missing",
+                                        kMaxShapeBucket));
+    out = j[field].get<int64_t>();
+    return ok_status();
+  };
+  TuningEntry e;
+  for (auto st : {str("spec_hash", e.key.spec_hash, true), str("pass", e.key.pass, true),
+                  bucket("seq_bucket", e.key.bucket.seq), bucket("bh_bucket", e.key.bucket.batch_heads),
+                  str("dtype", e.key.bucket.dtype, true), str("config_name", e.config_name, true),
+                  str("method", e.method, true), str("tuned_at", e.tuned_at, false), str("origin", e.origin, false),
+                  str("imported_from", e.imported_from, false), str("imported_at", e.imported_at, false)})
+    if (!st) return st.error();
+  if (e.method != "measured" && e.method != "model-ranked")
+    return Error::invalid(fmt::format("tuning entry: method \"{}\"; allowed: measured, model-ranked", e.method));
+  if (e.origin != "local" && e.origin != "imported")
+    return Error::invalid(fmt::format("tuning entry: origin \"{}\"; allowed: local, imported", e.origin));
+  e.config = j.value("config", json());
+  if (!e.config.is_object()) return Error::invalid("tuning entry: config is not an object");
+  e.spec = j.contains("spec") && !j["spec"].is_null() ? j["spec"] : json::object();
+  if (!e.spec.is_object()) return Error::invalid("tuning entry: spec is not an object");
+  if (e.spec.contains("family") && !e.spec["family"].is_string())
+    return Error::invalid(
+        fmt::format("tuning entry: spec.family is {}, not a string", e.spec["family"].dump().substr(0, 40)));
+  if (!j.contains("timings") || !j["timings"].is_array()) return Error::invalid("tuning entry: no timings array");
+  for (const json& r : j["timings"]) {
+    if (!r.is_object() || !r.contains("config") || !r.value("config_name", json()).is_string() ||
+        !r.value("ms", json()).is_number() || !r.value("status", json()).is_string())
+      return Error::invalid(fmt::format("tuning entry: timing row {} is not {{config, config_name, ms, status}}",
+                                        r.dump().substr(0, 60)));
+    e.timings.push_back({r["config"], r["config_name"].get<std::string>(), r["ms"].get<double>(),
+                         r["status"].get<std::string>()});
   }
+  return e;
 }
 
 std::string_view to_string(LookupKind k) {
@@ -259,7 +361,12 @@ std::string_view to_string(LookupKind k) {
 
 const TuningEntry& preferred_entry(const TuningEntry& a, const TuningEntry& b) {
   const bool am = a.method == "measured", bm = b.method == "measured";
+  const bool al = a.origin != "imported", bl = b.origin != "imported";
+  // What an imported file claims (method, tuned_at) cannot outrank a
+  // measurement made here.
+  if ((am && al) != (bm && bl)) return (am && al) ? a : b;
   if (am != bm) return am ? a : b;
+  if (al != bl) return al ? a : b;
   if (a.tuned_at != b.tuned_at) return a.tuned_at > b.tuned_at ? a : b;
   return a.config_name <= b.config_name ? a : b;
 }
@@ -272,12 +379,26 @@ TuningDb::TuningDb(fs::path dir, DeviceFingerprint device)
 }
 
 void TuningDb::reload() {
+  if (std::string problem = tuning_dir_problem(dir_); !problem.empty()) {
+    std::lock_guard g(mu_);
+    if (!warned_)
+      warn(fmt::format("not using the tuning databases: {}; tuning results are kept in memory for this process",
+                       problem));
+    warned_ = true;
+    persistent_ = false;
+    not_saved_ = problem;
+    return;
+  }
   FileRead r = read_db_file(file_);
   if (r.state == FileState::corrupt) {
     FileLock lock(tuning_dir(dir_) / ".lock");
     // Re-check under the lock: a writer may have replaced it since.
     FileRead again = read_db_file(file_);
-    if (again.state == FileState::corrupt && lock.locked()) set_aside(file_, again.reason);
+    if (again.state == FileState::corrupt) {
+      if (lock.locked()) set_aside(file_, again.reason);
+      else
+        warn(fmt::format("tuning database {} is damaged ({}); ignoring it", file_.string(), again.reason));
+    }
     r = again.state == FileState::ok ? std::move(again) : FileRead{};
   }
   std::lock_guard g(mu_);
@@ -298,13 +419,17 @@ TuningLookup TuningDb::lookup(const TuningKey& key) const {
   if (auto it = entries_.find(key); it != entries_.end()) return {LookupKind::exact, it->second};
   // Nearest bucket of the same spec, pass and dtype, in log2 steps; the map
   // iterates in key order, and ties keep the first (smaller seq, then smaller
-  // batch x heads), so the answer depends on the file alone.
+  // batch x heads), so the answer depends on the file alone. Every stored
+  // bucket is a power of two >= 1 (from_json), so distances are finite.
   const TuningEntry* best = nullptr;
   double best_distance = 0;
+  const double key_seq = std::log2(double(std::max<int64_t>(key.bucket.seq, 1)));
+  const double key_bh = std::log2(double(std::max<int64_t>(key.bucket.batch_heads, 1)));
   for (const auto& [k, e] : entries_) {
     if (k.spec_hash != key.spec_hash || k.pass != key.pass || k.bucket.dtype != key.bucket.dtype) continue;
-    const double d = std::abs(std::log2(double(k.bucket.seq)) - std::log2(double(key.bucket.seq))) +
-                     std::abs(std::log2(double(k.bucket.batch_heads)) - std::log2(double(key.bucket.batch_heads)));
+    if (!valid_bucket(k.bucket.seq) || !valid_bucket(k.bucket.batch_heads)) continue;
+    const double d = std::abs(std::log2(double(k.bucket.seq)) - key_seq) +
+                     std::abs(std::log2(double(k.bucket.batch_heads)) - key_bh);
     const bool better = best == nullptr || d < best_distance ||
                         (d == best_distance && std::tie(k.bucket.seq, k.bucket.batch_heads) <
                                                    std::tie(best->key.bucket.seq, best->key.bucket.batch_heads));
@@ -324,10 +449,19 @@ std::vector<TuningEntry> TuningDb::entries() const {
   return out;
 }
 
+std::string TuningDb::not_saved_reason() const {
+  std::lock_guard g(mu_);
+  return not_saved_;
+}
+
 Status TuningDb::store(const std::vector<TuningEntry>& new_entries) {
   std::vector<TuningEntry> stamped = new_entries;
-  for (auto& e : stamped)
+  for (auto& e : stamped) {
     if (e.tuned_at.empty()) e.tuned_at = now_utc();
+    if (!valid_bucket(e.key.bucket.seq) || !valid_bucket(e.key.bucket.batch_heads))
+      return Error::invalid(fmt::format("tuning entry {}: buckets must be powers of two from 1 to {}",
+                                        e.key.to_string(), kMaxShapeBucket));
+  }
   auto keep_in_memory = [&](const std::string& why) {
     std::lock_guard g(mu_);
     for (const auto& e : stamped) entries_.insert_or_assign(e.key, e);
@@ -337,14 +471,14 @@ Status TuningDb::store(const std::vector<TuningEntry>& new_entries) {
                        file_.string(), why));
     warned_ = true;
     persistent_ = false;
+    not_saved_ = why;
     return ok_status();
   };
-  if (!persistent_) return keep_in_memory("read-only earlier");
-  std::error_code ec;
-  fs::create_directories(tuning_dir(dir_), ec);
-  if (ec) return keep_in_memory(ec.message());
+  if (!persistent_) return keep_in_memory(not_saved_reason());
+  if (const int err = make_tuning_dir(dir_); err != 0) return keep_in_memory(errno_message(err));
+  if (std::string problem = tuning_dir_problem(dir_); !problem.empty()) return keep_in_memory(problem);
   FileLock lock(tuning_dir(dir_) / ".lock");
-  if (!lock.locked()) return keep_in_memory(std::error_code(lock.error(), std::generic_category()).message());
+  if (!lock.locked()) return keep_in_memory(lock.message());
   // Merge into what is on disk now (other processes' entries since our read).
   FileRead r = read_db_file(file_);
   if (r.state == FileState::corrupt) set_aside(file_, r.reason);
@@ -352,7 +486,7 @@ Status TuningDb::store(const std::vector<TuningEntry>& new_entries) {
                                                                       : std::map<TuningKey, TuningEntry>{};
   for (const auto& e : stamped) merged.insert_or_assign(e.key, e);
   if (const int err = replace_file(file_, db_document(device_, merged).dump(1)); err != 0)
-    return keep_in_memory(std::error_code(err, std::generic_category()).message());
+    return keep_in_memory(errno_message(err));
   std::lock_guard g(mu_);
   entries_ = std::move(merged);
   return ok_status();
@@ -361,12 +495,42 @@ Status TuningDb::store(const std::vector<TuningEntry>& new_entries) {
 // ---------------------------------------------------------------- files
 std::vector<TuningFile> list_tuning_files(const fs::path& dir) {
   std::vector<TuningFile> out;
+  if (std::string problem = tuning_dir_problem(dir); !problem.empty()) {
+    TuningFile f;
+    f.file = tuning_dir(dir);
+    f.problem = problem;
+    out.push_back(std::move(f));
+    return out;
+  }
+  std::vector<fs::path> files;
   std::error_code ec;
   for (fs::directory_iterator it(tuning_dir(dir), ec), end; !ec && it != end; it.increment(ec)) {
-    if (!it->is_regular_file() || it->path().extension() != ".json") continue;
-    FileRead r = read_db_file(it->path());
-    if (r.state != FileState::ok || !r.device) continue;
-    TuningFile f{*r.device, it->path(), {}};
+    std::error_code sec;
+    const auto type = it->symlink_status(sec).type();
+    if (it->path().extension() != ".json" || type == fs::file_type::directory) continue;
+    files.push_back(it->path());
+  }
+  for (const fs::path& file : files) {
+    FileRead r = read_db_file(file);
+    if (r.state == FileState::missing) continue;
+    if (r.state == FileState::ok && !r.device) {
+      r.state = FileState::corrupt;
+      r.reason = "no device fingerprint";
+    }
+    if (r.state == FileState::corrupt) {
+      TuningFile f;
+      f.file = file;
+      f.problem = r.reason;
+      FileLock lock(tuning_dir(dir) / ".lock");
+      FileRead again = read_db_file(file);  // a writer may have replaced it since
+      if (again.state == FileState::corrupt && lock.locked()) f.moved_to = set_aside(file, again.reason);
+      if (again.state != FileState::ok || !again.device) {
+        out.push_back(std::move(f));
+        continue;
+      }
+      r = std::move(again);
+    }
+    TuningFile f{*r.device, file, {}, {}, {}};
     for (auto& [k, e] : r.entries) f.entries.push_back(std::move(e));
     out.push_back(std::move(f));
   }
@@ -374,9 +538,13 @@ std::vector<TuningFile> list_tuning_files(const fs::path& dir) {
   return out;
 }
 
-json export_tuning(const fs::path& dir) {
+json export_tuning(const fs::path& dir, std::vector<TuningFile>* damaged) {
   json dbs = json::array();
-  for (const TuningFile& f : list_tuning_files(dir)) {
+  for (TuningFile& f : list_tuning_files(dir)) {
+    if (!f.problem.empty()) {
+      if (damaged) damaged->push_back(std::move(f));
+      continue;
+    }
     json entries = json::array();
     for (const auto& e : f.entries) entries.push_back(e.to_json());
     dbs.push_back({{"device", f.device.to_json()}, {"entries", std::move(entries)}});
@@ -384,64 +552,160 @@ json export_tuning(const fs::path& dir) {
   return {{"lunajit_tuning_export", 1}, {"databases", std::move(dbs)}};
 }
 
-Result<int> import_tuning(const fs::path& dir, const json& doc) {
-  if (!doc.is_object() || !doc.contains("lunajit_tuning_export") || doc["lunajit_tuning_export"] != 1 ||
-      !doc.contains("databases"))
-    return Error::invalid("import: not a lunajit tuning export (expected {\"lunajit_tuning_export\": 1, ...})");
-  auto shown = [](const json& v) {
-    std::string s = v.dump();
-    return s.size() > 80 ? s.substr(0, 77) + "..." : s;
-  };
-  const json& databases = doc["databases"];
-  if (!databases.is_array())
-    return Error::invalid(fmt::format("import: databases = {}: expected an array of {{\"device\": ..., \"entries\": [...]}}",
-                                      shown(databases)));
-  // Every database and entry is read before any is stored: a bad one imports nothing.
-  std::vector<std::pair<DeviceFingerprint, std::vector<TuningEntry>>> parsed;
-  for (size_t i = 0; i < databases.size(); ++i) {
-    const json& db = databases[i];
+namespace {
+
+struct ImportDb {
+  DeviceFingerprint device;
+  std::vector<TuningEntry> entries;
+};
+
+Result<std::vector<ImportDb>> parse_export(const json& doc) {
+  const std::string expected = "expected {\"lunajit_tuning_export\": 1, \"databases\": [...]}";
+  if (!doc.is_object())
+    return Error::invalid(fmt::format("import: the document is {}, not an object; {}", doc.type_name(), expected));
+  if (!doc.contains("lunajit_tuning_export"))
+    return Error::invalid("import: not a lunajit tuning export (no \"lunajit_tuning_export\"); " + expected);
+  const json& version = doc["lunajit_tuning_export"];
+  if (!version.is_number_integer() || version.get<int64_t>() != 1)
+    return Error::invalid(fmt::format("import: \"lunajit_tuning_export\" is {}; this lunajit reads version 1 (the "
+                                      "integer 1)",
+                                      version.dump().substr(0, 40)));
+  if (!doc.contains("databases") || !doc["databases"].is_array())
+    return Error::invalid(fmt::format("import: \"databases\" is {}, not an array; {}",
+                                      doc.contains("databases") ? doc["databases"].dump().substr(0, 40) : "missing",
+                                      expected));
+  std::vector<ImportDb> out;
+  size_t i = 0;
+  for (const json& db : doc["databases"]) {
+    const std::string where = fmt::format("import: databases[{}]", i++);
     if (!db.is_object())
-      return Error::invalid(fmt::format("import: databases[{}] = {}: expected an object {{\"device\": ..., \"entries\": [...]}}",
-                                        i, shown(db)));
-    auto device = DeviceFingerprint::from_json(db.contains("device") ? db["device"] : json::object());
-    if (!device) return device.error();
-    const json entries = db.contains("entries") ? db["entries"] : json::array();
-    if (!entries.is_array())
-      return Error::invalid(fmt::format("import: databases[{}].entries = {}: expected an array", i, shown(entries)));
-    std::vector<TuningEntry> incoming;
-    for (const json& e : entries) {
+      return Error::invalid(fmt::format("{} is {}, not {{\"device\": ..., \"entries\": [...]}}", where,
+                                        db.dump().substr(0, 40)));
+    if (!db.contains("device") || !db["device"].is_object())
+      return Error::invalid(where + ": no \"device\" object");
+    auto device = DeviceFingerprint::from_json(db["device"]);
+    if (!device) return Error::invalid(where + ": " + device.error().message);
+    if (!db.contains("entries") || !db["entries"].is_array())
+      return Error::invalid(where + ": \"entries\" is not an array");
+    ImportDb d{*device, {}};
+    size_t k = 0;
+    for (const json& e : db["entries"]) {
       auto entry = TuningEntry::from_json(e);
-      if (!entry) return entry.error();
-      incoming.push_back(std::move(*entry));
+      if (!entry) return Error::invalid(fmt::format("{}.entries[{}]: {}", where, k, entry.error().message));
+      ++k;
+      d.entries.push_back(std::move(*entry));
     }
-    parsed.emplace_back(std::move(*device), std::move(incoming));
+    out.push_back(std::move(d));
   }
-  int changed = 0;
-  for (const auto& [device, incoming] : parsed) {
-    TuningDb target(dir, device);
-    std::vector<TuningEntry> winners;
-    for (const auto& e : incoming) {
-      auto have = target.find(e.key);
-      if (!have || (&preferred_entry(*have, e) == &e && have->to_json() != e.to_json())) winners.push_back(e);
+  return out;
+}
+
+}  // namespace
+
+Result<TuningDbContents> parse_tuning_db(std::string_view text) {
+  FileRead r = parse_db_text(std::string(text));
+  if (r.state != FileState::ok) return Error::invalid("tuning database: " + r.reason);
+  TuningDbContents c;
+  c.device = r.device;
+  for (auto& [key, entry] : r.entries) c.entries.push_back(std::move(entry));
+  return c;
+}
+
+Status validate_tuning_export(const json& doc) {
+  auto dbs = parse_export(doc);
+  if (!dbs) return dbs.error();
+  return ok_status();
+}
+
+Result<int> import_tuning(const fs::path& dir, const json& doc, const std::string& source) {
+  // 1. The whole document, before anything is written.
+  auto dbs = parse_export(doc);
+  if (!dbs) return dbs.error();
+  const std::string at = now_utc();
+  for (ImportDb& db : *dbs)
+    for (TuningEntry& e : db.entries) {
+      // Provenance is this machine's account, not the file's claim.
+      e.origin = "imported";
+      e.imported_from = source;
+      e.imported_at = at;
+      if (e.tuned_at.empty()) e.tuned_at = at;
     }
-    changed += static_cast<int>(winners.size());
-    if (!winners.empty())
-      if (auto st = target.store(winners); !st) return st.error();
+  if (const int err = make_tuning_dir(dir); err != 0)
+    return Error::failure(fmt::format("import: cannot create {}: {}", tuning_dir(dir).string(), errno_message(err)));
+  if (std::string problem = tuning_dir_problem(dir); !problem.empty()) return Error::failure("import: " + problem);
+  // 2. Every merge under the one lock of the tuning directory, so no other
+  // writer interleaves; each file's old text is kept to restore it.
+  FileLock lock(tuning_dir(dir) / ".lock");
+  if (!lock.locked()) return Error::failure("import: " + lock.message());
+  struct Planned {
+    fs::path file;
+    std::optional<std::string> old_text;  // nullopt: the file did not exist
+    std::string new_text;
+  };
+  std::map<fs::path, Planned> plan;
+  std::map<fs::path, std::pair<DeviceFingerprint, std::map<TuningKey, TuningEntry>>> merged;
+  int changed = 0;
+  for (const ImportDb& db : *dbs) {
+    const fs::path file = tuning_dir(dir) / (db.device.id() + ".json");
+    auto it = merged.find(file);
+    if (it == merged.end()) {
+      Planned p{file, std::nullopt, {}};
+      FileRead r = read_db_file(file);
+      if (r.state == FileState::corrupt) {
+        set_aside(file, r.reason);
+        r = FileRead{};
+      } else if (r.state == FileState::ok) {
+        if (auto text = read_file_bounded(file, kMaxTuningFileBytes, "tuning database")) p.old_text = *text;
+      }
+      plan.emplace(file, std::move(p));
+      it = merged.emplace(file, std::make_pair(db.device, std::move(r.entries))).first;
+    }
+    auto& entries = it->second.second;
+    for (const TuningEntry& e : db.entries) {
+      auto have = entries.find(e.key);
+      if (have == entries.end()) {
+        entries.emplace(e.key, e);
+        ++changed;
+      } else if (&preferred_entry(have->second, e) == &e && have->second.to_json() != e.to_json()) {
+        have->second = e;
+        ++changed;
+      }
+    }
+  }
+  // 3. Write; on a failure put back what was written.
+  std::vector<const Planned*> written;
+  for (auto& [file, p] : plan) {
+    p.new_text = db_document(merged[file].first, merged[file].second).dump(1);
+    if (p.old_text && *p.old_text == p.new_text) continue;
+    if (const int err = replace_file(file, p.new_text); err != 0) {
+      for (const Planned* w : written) {
+        if (w->old_text) replace_file(w->file, *w->old_text);
+        else ::unlink(w->file.c_str());
+      }
+      return Error::failure(fmt::format("import: cannot write {}: {}; nothing was imported", file.string(),
+                                        errno_message(err)));
+    }
+    written.push_back(&p);
   }
   return changed;
 }
 
-int clear_tuning(const fs::path& dir) {
-  int n = 0;
+TuningClear clear_tuning(const fs::path& dir) {
+  TuningClear res;
   std::error_code ec;
   FileLock lock(tuning_dir(dir) / ".lock");
   for (fs::directory_iterator it(tuning_dir(dir), ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (it->is_regular_file() && name != ".lock" && ::unlink(it->path().c_str()) == 0 &&
-        it->path().extension() == ".json")
-      ++n;
+    std::error_code sec;
+    if (name == ".lock" || it->symlink_status(sec).type() == fs::file_type::directory) continue;
+    const bool db = it->path().extension() == ".json";
+    if (::unlink(it->path().c_str()) == 0) {
+      if (db) ++res.removed;
+    } else if (res.failed++ == 0) {
+      res.first_error = errno;
+    }
   }
-  return n;
+  return res;
 }
 
 }  // namespace lunajit

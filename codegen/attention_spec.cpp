@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/hash.h"
+#include "common/input_limits.h"
+#include "common/read_file.h"
 
 namespace lunajit {
 namespace {
@@ -23,7 +24,7 @@ Result<E> parse_enum(std::string_view field, std::string_view s, const std::pair
     allowed += allowed.empty() ? "" : ", ";
     allowed += name;
   }
-  return Error::invalid(fmt::format("{} = \"{}\": unknown value; allowed: {}", field, s, allowed));
+  return Error::invalid(fmt::format("{} = \"{}\": unknown value; allowed: {}", field, limits::quote(s), allowed));
 }
 
 constexpr std::pair<std::string_view, Family> kFamilies[] = {
@@ -66,15 +67,14 @@ class ObjectReader {
     if constexpr (std::is_same_v<T, bool>) {
       if (!it->is_boolean()) return type_error(field, *it, "true or false");
       out = it->template get<bool>();
-    } else if constexpr (std::is_integral_v<T>) {
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      // Seeds: any unsigned 64-bit value; negative values are errors, not wrapped.
       if (!it->is_number_integer()) return type_error(field, *it, "an integer");
-      if (it->is_number_unsigned() || std::is_signed_v<T>) {
-        out = it->template get<T>();
-      } else {
-        auto v = it->template get<long long>();
-        if (v < 0) return Error::invalid(fmt::format("{} = {}: must be >= 0", field, v));
-        out = static_cast<T>(v);
-      }
+      if (!it->is_number_unsigned())
+        return Error::invalid(fmt::format("{} = {}: must be in [0, {}]", field, it->dump(), limits::kMaxSeed));
+      out = it->template get<uint64_t>();
+    } else if constexpr (std::is_integral_v<T>) {
+      static_assert(sizeof(T) == 0, "int fields are read with read_int (they need a range)");
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!it->is_number()) return type_error(field, *it, "a number");
       out = it->template get<T>();
@@ -82,6 +82,29 @@ class ObjectReader {
       if (!it->is_string()) return type_error(field, *it, "a string");
       out = it->template get<std::string>();
     }
+    return ok_status();
+  }
+
+  // An integer field in `range`, read 64-bit-safe: values beyond the range
+  // (including beyond 64 bits) are errors, never wrapped into `out`.
+  Status read_int(const char* key, int& out, limits::IntRange range) {
+    seen_.push_back(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return ok_status();
+    const std::string field = prefix_ + key;
+    if (!it->is_number_integer()) return type_error(field, *it, fmt::format("an integer in [{}, {}]", range.lo, range.hi).c_str());
+    if (it->is_number_unsigned() && it->template get<uint64_t>() > uint64_t(INT64_MAX))
+      return Error::invalid(fmt::format("{} = {}: must be in [{}, {}]", field, it->dump(), range.lo, range.hi));
+    const int64_t v = it->template get<int64_t>();
+    if (auto st = limits::check(field, v, range); !st) return st;
+    out = static_cast<int>(v);
+    return ok_status();
+  }
+
+  // A real field in `range` (also checked again by validate()).
+  Status read_real(const char* key, double& out, limits::RealRange range) {
+    if (auto st = read(key, out); !st) return st;
+    if (j_.contains(key)) return limits::check(prefix_ + key, out, range);
     return ok_status();
   }
 
@@ -113,7 +136,7 @@ class ObjectReader {
 
  private:
   static Status type_error(const std::string& field, const json& v, const char* expected) {
-    return Error::invalid(fmt::format("{} = {}: expected {}", field, v.dump(), expected));
+    return Error::invalid(fmt::format("{} = {}: expected {}", field, limits::quote(v.dump()), expected));
   }
   std::string where() const { return prefix_.empty() ? "spec" : prefix_.substr(0, prefix_.size() - 1); }
 
@@ -126,18 +149,6 @@ class ObjectReader {
   do {                                 \
     if (auto st_ = (expr); !st_) return st_.error(); \
   } while (0)
-
-Status check_range(std::string_view field, long long v, long long lo, long long hi) {
-  if (v < lo || v > hi)
-    return Error::invalid(fmt::format("{} = {}: must be in [{}, {}]", field, v, lo, hi));
-  return ok_status();
-}
-
-Status check_positive(std::string_view field, double v) {
-  if (!(v > 0.0) || !std::isfinite(v))
-    return Error::invalid(fmt::format("{} = {}: must be a finite number > 0", field, v));
-  return ok_status();
-}
 
 }  // namespace
 
@@ -176,15 +187,15 @@ AttentionSpec default_spec(Family f) {
 }
 
 Status validate(const AttentionSpec& s) {
-  LUNAJIT_TRY(check_range("head_dim", s.head_dim, 1, kMaxHeadDim));
-  LUNAJIT_TRY(check_range("value_dim", s.value_dim, 1, kMaxHeadDim));
-  LUNAJIT_TRY(check_positive("eps", s.eps));
+  LUNAJIT_TRY(limits::check("head_dim", s.head_dim, limits::kHeadDim));
+  LUNAJIT_TRY(limits::check("value_dim", s.value_dim, limits::kValueDim));
+  LUNAJIT_TRY(limits::check("eps", s.eps, limits::kEps));
   switch (s.family) {
     case Family::luna: {
       const auto& o = s.luna;
-      LUNAJIT_TRY(check_range("luna.projections", o.projections, 1, 64));
-      LUNAJIT_TRY(check_range("luna.channels", o.channels, 1, 64));
-      LUNAJIT_TRY(check_range("luna.mlp_width", o.mlp_width, 1, 256));
+      LUNAJIT_TRY(limits::check("luna.projections", o.projections, limits::kLunaProjections));
+      LUNAJIT_TRY(limits::check("luna.channels", o.channels, limits::kLunaChannels));
+      LUNAJIT_TRY(limits::check("luna.mlp_width", o.mlp_width, limits::kLunaMlpWidth));
       if (o.variant == LunaVariant::rff && o.channels != 2)
         return Error::invalid(fmt::format(
             "luna.channels = {}: variant \"rff\" has exactly 2 channels (cos, sin); set luna.channels to 2",
@@ -192,21 +203,19 @@ Status validate(const AttentionSpec& s) {
       break;
     }
     case Family::performer:
-      LUNAJIT_TRY(check_range("performer.features", s.performer.features, 1, kMaxFeatureDim));
-      if (!(s.performer.kernel_eps >= 0.0) || !std::isfinite(s.performer.kernel_eps))
-        return Error::invalid(fmt::format("performer.kernel_eps = {}: must be a finite number >= 0",
-                                          s.performer.kernel_eps));
+      LUNAJIT_TRY(limits::check("performer.features", s.performer.features, limits::kPerformerFeatures));
+      LUNAJIT_TRY(limits::check("performer.kernel_eps", s.performer.kernel_eps, limits::kPerformerKernelEps));
       break;
-    case Family::rff: LUNAJIT_TRY(check_range("rff.features", s.rff.features, 1, kMaxFeatureDim / 2)); break;
-    case Family::t2r: LUNAJIT_TRY(check_range("t2r.features", s.t2r.features, 1, kMaxFeatureDim)); break;
+    case Family::rff: LUNAJIT_TRY(limits::check("rff.features", s.rff.features, limits::kRffFeatures)); break;
+    case Family::t2r: LUNAJIT_TRY(limits::check("t2r.features", s.t2r.features, limits::kT2rFeatures)); break;
     case Family::hedgehog:
-      LUNAJIT_TRY(check_range("hedgehog.features", s.hedgehog.features, 1, kMaxFeatureDim / 2));
+      LUNAJIT_TRY(limits::check("hedgehog.features", s.hedgehog.features, limits::kHedgehogFeatures));
       break;
     case Family::slay:
-      LUNAJIT_TRY(check_range("slay.nodes", s.slay.nodes, 1, 16));
-      LUNAJIT_TRY(check_range("slay.anchors", s.slay.anchors, 1, 64));
-      LUNAJIT_TRY(check_range("slay.prf_features", s.slay.prf_features, 1, 256));
-      LUNAJIT_TRY(check_positive("slay.eps_yat", s.slay.eps_yat));
+      LUNAJIT_TRY(limits::check("slay.nodes", s.slay.nodes, limits::kSlayNodes));
+      LUNAJIT_TRY(limits::check("slay.anchors", s.slay.anchors, limits::kSlayAnchors));
+      LUNAJIT_TRY(limits::check("slay.prf_features", s.slay.prf_features, limits::kSlayPrfFeatures));
+      LUNAJIT_TRY(limits::check("slay.eps_yat", s.slay.eps_yat, limits::kSlayEpsYat));
       break;
     case Family::elu:
     case Family::relu:
@@ -231,12 +240,12 @@ Result<AttentionSpec> spec_from_json(const json& j) {
   if (!family) return family.error();
   AttentionSpec s;
   s.family = *family;
-  LUNAJIT_TRY(top.read("head_dim", s.head_dim));
+  LUNAJIT_TRY(top.read_int("head_dim", s.head_dim, limits::kHeadDim));
   s.value_dim = s.head_dim;
-  LUNAJIT_TRY(top.read("value_dim", s.value_dim));
+  LUNAJIT_TRY(top.read_int("value_dim", s.value_dim, limits::kValueDim));
   LUNAJIT_TRY(top.read("causal", s.causal));
   LUNAJIT_TRY(top.read_enum("dtype", s.dtype, kDTypes));
-  LUNAJIT_TRY(top.read("eps", s.eps));
+  LUNAJIT_TRY(top.read_real("eps", s.eps, limits::kEps));
   LUNAJIT_TRY(top.read("params_per_head", s.params_per_head));
   s.t2r.features = s.head_dim;
   s.hedgehog.features = s.head_dim;
@@ -256,16 +265,17 @@ Result<AttentionSpec> spec_from_json(const json& j) {
     case Family::slay: sub = "slay"; break;
     default: break;
   }
+  // Listed among the allowed fields even when absent, so an error names it.
+  if (sub) top.mark_known(sub);
   if (sub && j.contains(sub)) {
-    top.mark_known(sub);
     const json& o = j.at(sub);
     ObjectReader r(o, std::string(sub) + ".");
     LUNAJIT_TRY(r.require_object());
     switch (s.family) {
       case Family::luna:
-        LUNAJIT_TRY(r.read("projections", s.luna.projections));
-        LUNAJIT_TRY(r.read("channels", s.luna.channels));
-        LUNAJIT_TRY(r.read("mlp_width", s.luna.mlp_width));
+        LUNAJIT_TRY(r.read_int("projections", s.luna.projections, limits::kLunaProjections));
+        LUNAJIT_TRY(r.read_int("channels", s.luna.channels, limits::kLunaChannels));
+        LUNAJIT_TRY(r.read_int("mlp_width", s.luna.mlp_width, limits::kLunaMlpWidth));
         LUNAJIT_TRY(r.read_enum("activation", s.luna.activation, kActivations));
         LUNAJIT_TRY(r.read_enum("output_activation", s.luna.output_activation, kOutputActivations));
         LUNAJIT_TRY(r.read("shared_channels", s.luna.shared_channels));
@@ -273,22 +283,22 @@ Result<AttentionSpec> spec_from_json(const json& j) {
         LUNAJIT_TRY(r.read_enum("variant", s.luna.variant, kVariants));
         break;
       case Family::performer:
-        LUNAJIT_TRY(r.read("features", s.performer.features));
+        LUNAJIT_TRY(r.read_int("features", s.performer.features, limits::kPerformerFeatures));
         LUNAJIT_TRY(r.read("orthogonal", s.performer.orthogonal));
         LUNAJIT_TRY(r.read("seed", s.performer.seed));
-        LUNAJIT_TRY(r.read("kernel_eps", s.performer.kernel_eps));
+        LUNAJIT_TRY(r.read_real("kernel_eps", s.performer.kernel_eps, limits::kPerformerKernelEps));
         break;
       case Family::rff:
-        LUNAJIT_TRY(r.read("features", s.rff.features));
+        LUNAJIT_TRY(r.read_int("features", s.rff.features, limits::kRffFeatures));
         LUNAJIT_TRY(r.read("seed", s.rff.seed));
         break;
-      case Family::t2r: LUNAJIT_TRY(r.read("features", s.t2r.features)); break;
-      case Family::hedgehog: LUNAJIT_TRY(r.read("features", s.hedgehog.features)); break;
+      case Family::t2r: LUNAJIT_TRY(r.read_int("features", s.t2r.features, limits::kT2rFeatures)); break;
+      case Family::hedgehog: LUNAJIT_TRY(r.read_int("features", s.hedgehog.features, limits::kHedgehogFeatures)); break;
       case Family::slay:
-        LUNAJIT_TRY(r.read("nodes", s.slay.nodes));
-        LUNAJIT_TRY(r.read("anchors", s.slay.anchors));
-        LUNAJIT_TRY(r.read("prf_features", s.slay.prf_features));
-        LUNAJIT_TRY(r.read("eps_yat", s.slay.eps_yat));
+        LUNAJIT_TRY(r.read_int("nodes", s.slay.nodes, limits::kSlayNodes));
+        LUNAJIT_TRY(r.read_int("anchors", s.slay.anchors, limits::kSlayAnchors));
+        LUNAJIT_TRY(r.read_int("prf_features", s.slay.prf_features, limits::kSlayPrfFeatures));
+        LUNAJIT_TRY(r.read_real("eps_yat", s.slay.eps_yat, limits::kSlayEpsYat));
         LUNAJIT_TRY(r.read("seed", s.slay.seed));
         break;
       default: break;
@@ -300,20 +310,47 @@ Result<AttentionSpec> spec_from_json(const json& j) {
   return s;
 }
 
+Result<json> parse_json_text(std::string_view text, std::string_view what) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based; say where, with the line and column a text editor shows.
+    const size_t at = e.byte == 0 ? 0 : std::min<size_t>(e.byte - 1, text.size());
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < at; ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    std::string reason = e.what();
+    if (auto p = reason.find("syntax error"); p != std::string::npos) reason = reason.substr(p);
+    return Error::invalid(fmt::format("{}: not valid JSON at line {}, column {} (byte {}): {}", what, line, col,
+                                      at, limits::quote(reason)));
+  }
+}
+
 Result<AttentionSpec> spec_from_string(std::string_view text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Error::invalid("spec: not valid JSON");
-  return spec_from_json(j);
+  auto j = parse_json_text(text, "spec");
+  if (!j) return j.error();
+  return spec_from_json(*j);
 }
 
 Result<AttentionSpec> load_spec(const std::string& arg) {
-  size_t first = arg.find_first_not_of(" \t\n\r");
-  if (first != std::string::npos && arg[first] == '{') return spec_from_string(arg);
-  std::ifstream in(arg);
-  if (!in) return Error::invalid(fmt::format("spec file '{}': cannot be opened", arg));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto r = spec_from_string(ss.str());
+  // Inline JSON when it starts like a JSON value that cannot be a path ({ [ "),
+  // or when no file of that name exists and it parses as JSON (5, null, true).
+  const size_t first = arg.find_first_not_of(" \t\n\r");
+  const bool inline_json = first != std::string::npos && (arg[first] == '{' || arg[first] == '[' || arg[first] == '"');
+  std::error_code ec;
+  if (inline_json || (!std::filesystem::exists(arg, ec) && json::accept(arg))) return spec_from_string(arg);
+  if (arg.empty()) return Error::invalid("spec: empty; expected a JSON file or inline JSON such as '{\"family\": \"luna\"}'");
+  auto text = read_file_bounded(arg, limits::kMaxSpecFileBytes, "spec file");
+  if (!text) {
+    if (!std::filesystem::exists(arg, ec))
+      return Error::invalid(fmt::format("spec file '{}': no such file; SPEC is a JSON file or inline JSON text such "
+                                        "as '{{\"family\": \"luna\"}}'",
+                                        limits::quote(arg)));
+    return text.error();
+  }
+  auto r = spec_from_string(*text);
   if (!r) return Error::invalid(fmt::format("{} (in {})", r.error().message, arg));
   return r;
 }

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/input_limits.h"
 #include "common/result.h"
 
 namespace lunajit {
@@ -38,9 +39,9 @@ int dtype_bytes(DType t);
 
 // Largest head_dim / value_dim the templates are instantiated for; larger dims
 // would need the x tile split across passes (not implemented).
-inline constexpr int kMaxHeadDim = 256;
+inline constexpr int kMaxHeadDim = static_cast<int>(limits::kHeadDim.hi);
 // Largest feature dimension D; bounded by the shared-memory tiles of phi.
-inline constexpr int kMaxFeatureDim = 2048;
+inline constexpr int kMaxFeatureDim = static_cast<int>(limits::kMaxFeatureDim);
 
 struct LunaOptions {
   int projections = 8;   // M
@@ -57,7 +58,7 @@ struct PerformerOptions {
   int features = 64;         // m
   bool orthogonal = true;
   uint64_t seed = 0;
-  double kernel_eps = 1e-4;  // added to every feature (FAVOR+'s kernel_epsilon)
+  double kernel_eps = 1e-4;  // added to every feature after the stabiliser shift (docs/MATH.md §2; not FAVOR+'s epsilon)
 };
 
 struct RffOptions {
@@ -117,6 +118,8 @@ Status validate(const AttentionSpec& spec);
 // name the field (e.g. "luna.projections = 0: must be in [1, 64]").
 Result<AttentionSpec> spec_from_json(const nlohmann::json& j);
 Result<AttentionSpec> spec_from_string(std::string_view json_text);
+// Parses JSON text; a syntax error names `what`, the line, column and byte.
+Result<nlohmann::json> parse_json_text(std::string_view text, std::string_view what);
 // Reads a spec from a file path, or from the text itself when `arg` starts with '{'.
 Result<AttentionSpec> load_spec(const std::string& arg);
 

@@ -1,5 +1,7 @@
 #include "codegen/launch_plan.h"
 
+#include "common/input_limits.h"
+
 #include <fmt/format.h>
 
 #include "codegen/feature_map_info.h"
@@ -17,16 +19,40 @@ unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 
 }  // namespace
 
 Status validate(const ProblemShape& s) {
-  auto check = [](const char* name, int v) -> Status {
-    if (v < 1) return Error::invalid(fmt::format("{} = {}: must be >= 1", name, v));
-    return ok_status();
-  };
-  if (auto st = check("batch", s.batch); !st) return st;
-  if (auto st = check("heads", s.heads); !st) return st;
-  if (auto st = check("seq", s.seq); !st) return st;
-  if (static_cast<int64_t>(s.batch) * s.heads > 65535LL * 65535LL)
-    return Error::invalid(fmt::format("batch * heads = {}: too many for the grid", int64_t(s.batch) * s.heads));
+  if (auto st = limits::check("batch", s.batch, limits::kBatch); !st) return st;
+  if (auto st = limits::check("heads", s.heads, limits::kHeads); !st) return st;
+  if (auto st = limits::check("seq", s.seq, limits::kSeq); !st) return st;
   return ok_status();
+}
+
+Result<std::vector<ProblemShape>> parse_shapes(std::string_view text, std::string_view option) {
+  std::vector<ProblemShape> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t semi = text.find(';', start);
+    const std::string_view item = text.substr(start, semi == std::string_view::npos ? semi : semi - start);
+    if (item.find_first_not_of(" \t") != std::string_view::npos) {
+      int64_t v[3] = {0, 0, 0};
+      const char* names[3] = {"batch", "heads", "seq"};
+      const limits::IntRange ranges[3] = {limits::kBatch, limits::kHeads, limits::kSeq};
+      size_t pos = 0;
+      for (int i = 0; i < 3; ++i) {
+        const size_t comma = i < 2 ? item.find(',', pos) : item.size();
+        if (comma == std::string_view::npos || (i == 2 && item.find(',', pos) != std::string_view::npos))
+          return Error::invalid(fmt::format("{} \"{}\": expected B,H,N (e.g. 2,8,1024)", option, limits::quote(item)));
+        auto n = limits::parse_int(names[i], item.substr(pos, comma - pos), ranges[i]);
+        if (!n) return Error::invalid(fmt::format("{} \"{}\": {}", option, limits::quote(item), n.error().message));
+        v[i] = *n;
+        pos = comma + 1;
+      }
+      out.push_back(ProblemShape{int(v[0]), int(v[1]), int(v[2])});
+    }
+    if (semi == std::string_view::npos) break;
+    start = semi + 1;
+  }
+  if (out.empty())
+    return Error::invalid(fmt::format("{}: no shape given; expected B,H,N[;B,H,N...] (e.g. 2,8,1024;1,16,4096)", option));
+  return out;
 }
 
 bool has_learned_params(const AttentionSpec& spec) {
@@ -63,6 +89,9 @@ std::string kernel_template(Pass pass, std::string_view role) {
 }
 
 namespace {
+// Causal performer keeps a per-row key stabiliser (docs/MATH.md §2).
+int running_max(const AttentionSpec& spec) { return spec.causal && spec.family == Family::performer ? 1 : 0; }
+
 BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
   return BackwardDims{spec.head_dim,
                       spec.feature_dim(),
@@ -71,14 +100,15 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       feature_map_backward_scratch_per_row(spec),
                       spec.causal ? c.chunk() : c.block_tokens(),
                       c.threads(),
-                      has_learned_params(spec) ? static_cast<int>(param_layout(spec).per_head_floats) : 0};
+                      has_learned_params(spec) ? static_cast<int>(param_layout(spec).per_head_floats) : 0,
+                      running_max(spec)};
 }
 }  // namespace
 
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& c, int seq) {
   const BackwardDims p = backward_dims(spec, c);
   const BackwardWorkspace w =
-      backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens, p.param_floats);
+      backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens, p.param_floats, p.running_max);
   return 4 * w.total;
 }
 
@@ -91,7 +121,7 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::
   if (role == "param_reduce") return 0;
   auto dims = [&](int tokens) {
     return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
-                      c.threads()};
+                      c.threads(), running_max(spec)};
   };
   if (role == "feature_map") return smem_layout(KernelKind::feature_map, dims(c.block_tokens())).bytes();
   if (role == "key_stab") return smem_layout(KernelKind::key_stab, dims(c.block_tokens())).bytes();
@@ -148,7 +178,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("param_reduce", {ceil_div(p.param_floats, c.threads()), blocks, 1});
       }
       plan.workspace_floats = backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv,
-                                                 spec.causal, p.tokens, p.param_floats)
+                                                 spec.causal, p.tokens, p.param_floats, p.running_max)
                                   .total;
       break;
     }

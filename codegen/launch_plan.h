@@ -19,8 +19,12 @@ struct ProblemShape {
   int seq = 1;
 };
 
-// Checks batch, heads, seq >= 1 and seq within int range; names the bad field.
+// Checks batch, heads and seq against common/input_limits.h; names the bad field.
 Status validate(const ProblemShape& shape);
+
+// Parses "B,H,N[;B,H,N...]" (spaces around numbers allowed), each number
+// 64-bit-safe against the shape limits; errors start with `option`.
+Result<std::vector<ProblemShape>> parse_shapes(std::string_view text, std::string_view option = "--shapes");
 
 struct KernelLaunch {
   std::string role;                  // the KernelEntry role it launches

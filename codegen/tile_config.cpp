@@ -8,6 +8,7 @@
 #include "codegen/feature_map_info.h"
 #include "codegen/launch_plan.h"
 #include "common/hash.h"
+#include "common/input_limits.h"
 #include "lunajit/layout.cuh"
 
 namespace lunajit {
@@ -73,6 +74,7 @@ Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) 
   int v[5] = {base.block_tokens(), base.warps(), base.dv_block(), base.chunk(), base.state_splits()};
   const char* names[5] = {"block_tokens", "warps", "dv_block", "chunk", "state_splits"};
   PhiInBackward phi = base.phi_backward();
+  std::string out_of_range[5];
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "phi_backward") {
@@ -86,8 +88,17 @@ Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) 
       return Error::invalid(fmt::format("config.{}: unknown field; allowed fields: block_tokens, warps, dv_block, "
                                         "chunk, state_splits, phi_backward", key));
     if (!it->is_number_integer())
-      return Error::invalid(fmt::format("config.{} = {}: expected an integer", key, it->dump()));
-    v[pos - std::begin(names)] = it->get<int>();
+      return Error::invalid(fmt::format("config.{} = {}: expected an integer", key, limits::quote(it->dump())));
+    // Read 64-bit-safe: 4294967312 must be an error, not 16. Out of int range
+    // it is no allowed value of any knob; the check below names the allowed ones.
+    const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= uint64_t(INT32_MAX)
+                                               : it->get<int64_t>() >= INT32_MIN && it->get<int64_t>() <= INT32_MAX;
+    if (!fits) {
+      v[pos - std::begin(names)] = 0;
+      out_of_range[pos - std::begin(names)] = it->dump();
+    } else {
+      v[pos - std::begin(names)] = static_cast<int>(it->get<int64_t>());
+    }
   }
   struct Check { int value; const char* name; std::string allowed; bool ok; };
   const Check checks[] = {
@@ -97,15 +108,20 @@ Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) 
       {v[3], "chunk", list(kChunkChoices), one_of(v[3], kChunkChoices)},
       {v[4], "state_splits", list(kStateSplitChoices), one_of(v[4], kStateSplitChoices)},
   };
-  for (const auto& c : checks)
-    if (!c.ok) return Error::invalid(fmt::format("config.{} = {}: allowed: {}", c.name, c.value, c.allowed));
+  for (size_t i = 0; i < std::size(checks); ++i) {
+    const Check& c = checks[i];
+    if (!c.ok)
+      return Error::invalid(fmt::format("config.{} = {}: allowed: {}", c.name,
+                                        out_of_range[i].empty() ? std::to_string(c.value) : out_of_range[i],
+                                        c.allowed));
+  }
   return TileConfig(v[0], v[1], v[2], v[3], v[4], phi);
 }
 
 Result<TileConfig> tile_config_from_string(std::string_view text, const TileConfig& base) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) return Error::invalid("config: not valid JSON");
-  return tile_config_from_json(j, base);
+  auto j = parse_json_text(text, "config");
+  if (!j) return j.error();
+  return tile_config_from_json(*j, base);
 }
 
 Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch& arch, Pass pass) {
@@ -113,7 +129,8 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
     return Error::invalid(fmt::format("{}: {} threads exceed {}'s {} per block", c.to_string(), c.threads(),
                                       arch.name(), arch.max_threads_per_block));
   if (c.dv_block() >= 2 * spec.value_dim && c.dv_block() > kDvBlockChoices[0])
-    return Error::invalid(fmt::format("{}: dv_block {} is over twice value_dim {} (half the block would idle)",
+    return Error::invalid(fmt::format("{}: dv_block {} is at least twice value_dim {} (half the block would idle); "
+                                      "use dv_block < 2 * value_dim",
                                       c.to_string(), c.dv_block(), spec.value_dim));
   if (pass == Pass::backward && c.phi_backward() == PhiInBackward::save)
     return Error::invalid(fmt::format("{}: phi_backward = save is not implemented yet (the backward recomputes "
@@ -161,7 +178,15 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
           TileConfig c(tokens, warps, dvb, chunk, 4);
           if (can_implement(spec, c, arch, pass)) return c;
         }
-  return TileConfig(16, 1, 8, 8, 1);
+  return TileConfig(8, 1, 8, 8, 1);  // the smallest: fitting_default_config reports why it does not fit
+}
+
+Result<TileConfig> fitting_default_config(const AttentionSpec& spec, const Arch& arch, Pass pass) {
+  TileConfig c = default_config(spec, arch, pass);
+  if (auto st = can_implement(spec, c, arch, pass); !st)
+    return Error::invalid(fmt::format("no tile config fits {} for the {} pass of this spec; the smallest, {}",
+                                      arch.name(), to_string(pass), st.error().message));
+  return c;
 }
 
 std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch, Pass pass) {

@@ -86,6 +86,10 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& config, const 
 // largest tiles that can_implement accepts, preferring dv_block = value_dim.
 TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
 
+// default_config when it fits; otherwise an error (invalid_argument) saying no
+// tile config fits the arch and what the smallest one needs.
+Result<TileConfig> fitting_default_config(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
+
 // Every config can_implement accepts for the pass, in a fixed order (smallest tiles first).
 std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
 

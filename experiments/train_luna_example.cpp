@@ -15,10 +15,13 @@
 // JIT-compiles the kernels on the host path) and the loss after reloading.
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/cli_support.h"
 
 #include "codegen/attention_spec.h"
 #include "torch_binding/modules.h"
@@ -79,20 +82,16 @@ int main(int argc, char** argv) {
   int steps = 30;
   std::string path = "aten", out = "luna_example.pt";
   uint64_t seed = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::stoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--path")) path = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--seed")) seed = std::stoull(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: train_luna_example [--steps N] [--path aten|host|host-fwd] [--out FILE] [--seed S]\n");
-      return 2;
-    }
-  }
-  if (path != "aten" && path != "host" && path != "host-fwd") {
-    std::fprintf(stderr, "train_luna_example: --path must be aten, host or host-fwd, got %s\n", path.c_str());
-    return 2;
-  }
+  // The project's parser: --help prints and exits, a flag missing its value or
+  // an unknown flag is an error (exit 2), never a training run.
+  CLI::App app{"train_luna_example: a two-layer causal LUNA transformer on a synthetic look-one-step-back task", "train_luna_example"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--steps", steps, "optimizer steps")->check(lunajit::int_in("--steps", {1, 1000000}));
+  app.add_option("--path", path, "aten | host | host-fwd")->check(CLI::IsMember({"aten", "host", "host-fwd"}));
+  app.add_option("--out", out, "checkpoint file written at the end");
+  app.add_option("--seed", seed, "seed of the data and the initialisation")->check(lunajit::uint64_value("--seed"));
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (const int rc = lunajit::parse_command_line(app, args); rc >= 0) return rc;
   torch::manual_seed(seed);
   const int64_t vocab = 16, seq = 64, batch = 16, embed = 64, heads = 4;
   // LUNA, causal, fp32 I/O; M = L = 8 projections x channels, Hm = 32.

@@ -3,6 +3,7 @@
 #include "reference/linear_attention.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -106,15 +107,43 @@ void linear_attention_head_weights(const double* phi_q, const double* phi_k, int
   }
 }
 
+namespace {
+
+void add_abs_outer(const double* pk, const double* v, int D, int dv, std::vector<double>& S_abs,
+                   std::vector<double>& z_abs) {
+  for (int f = 0; f < D; ++f) {
+    for (int c = 0; c < dv; ++c) S_abs[int64_t(f) * dv + c] += std::abs(pk[f] * v[c]);
+    z_abs[f] += std::abs(pk[f]);
+  }
+}
+
+double z_abs_of(const TermMagnitudes& m, int f) { return m.z_abs[f]; }
+
+}  // namespace
+
+void TermMagnitudes::reset(int n, int D, int dv) {
+  dphi_q.assign(size_t(n) * D, 0.0);
+  dphi_k.assign(size_t(n) * D, 0.0);
+  this->dv.assign(size_t(n) * dv, 0.0);
+  S_abs.assign(size_t(D) * dv, 0.0);
+  z_abs.assign(D, 0.0);
+  dS_abs.assign(size_t(D) * dv, 0.0);
+  dz_abs.assign(D, 0.0);
+}
+
 void linear_attention_head_backward(const double* phi_q, const double* phi_k, const double* v,
                                     int n, int D, int dv, const AttentionMode& mode,
                                     const double* dout, double* dphi_q, double* dphi_k,
-                                    double* dv_out) {
+                                    double* dv_out, TermMagnitudes* mag) {
   // Forward sweep: o_i, den_i and dphi_q_i = S_i g_i + z_i r_i with the state each query saw.
   std::vector<double> S(size_t(D) * dv, 0.0), z(D, 0.0), o(dv);
   std::vector<double> g(size_t(n) * dv), r(n, 0.0);
+  if (mag) mag->reset(n, D, dv);
   if (!mode.causal) {
     for (int j = 0; j < n; ++j) add_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, S.data(), z.data());
+    if (mag)
+      for (int j = 0; j < n; ++j)
+        add_abs_outer(phi_k + int64_t(j) * D, v + int64_t(j) * dv, D, dv, mag->S_abs, mag->z_abs);
   }
   for (int i = 0; i < n; ++i) {
     if (mode.causal) add_outer(phi_k + int64_t(i) * D, v + int64_t(i) * dv, D, dv, S.data(), z.data());
@@ -125,6 +154,16 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
     r[i] = mode.normalize ? -dot(dO, o.data(), dv) / den : 0.0;
     double* dq = dphi_q + int64_t(i) * D;
     for (int f = 0; f < D; ++f) dq[f] = dot(S.data() + int64_t(f) * dv, gi, dv) + z[f] * r[i];
+    if (mag) {
+      // |S| |g| + |z| |r|: the size of the two parts the normalized dphi_q subtracts.
+      if (mode.causal) add_abs_outer(phi_k + int64_t(i) * D, v + int64_t(i) * dv, D, dv, mag->S_abs, mag->z_abs);
+      double* m = mag->dphi_q.data() + int64_t(i) * D;
+      for (int f = 0; f < D; ++f) {
+        double t = std::abs(z_abs_of(*mag, f) * r[i]);
+        for (int c = 0; c < dv; ++c) t += mag->S_abs[int64_t(f) * dv + c] * std::abs(gi[c]);
+        m[f] = t;
+      }
+    }
   }
   // Reverse sweep: dS, dz summed over the queries that saw key j (all, or i >= j).
   std::vector<double> dS(size_t(D) * dv, 0.0), dz(D, 0.0);
@@ -133,6 +172,10 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
     for (int f = 0; f < D; ++f) {
       for (int c = 0; c < dv; ++c) dS[int64_t(f) * dv + c] += pq[f] * g[int64_t(i) * dv + c];
       dz[f] += pq[f] * r[i];
+      if (mag) {
+        for (int c = 0; c < dv; ++c) mag->dS_abs[int64_t(f) * dv + c] += std::abs(pq[f] * g[int64_t(i) * dv + c]);
+        mag->dz_abs[f] += std::abs(pq[f] * r[i]);
+      }
     }
   };
   if (!mode.causal)
@@ -149,6 +192,21 @@ void linear_attention_head_backward(const double* phi_q, const double* phi_k, co
       for (int f = 0; f < D; ++f) s += dS[int64_t(f) * dv + c] * pk[f];
       dvj[c] = s;
     }
+    if (mag) {
+      // |dS| |v_j| + |dz|, and |dS|^T |phi_k_j|: the sizes of what dphi_k and dv sum.
+      double* mk = mag->dphi_k.data() + int64_t(j) * D;
+      for (int f = 0; f < D; ++f) {
+        double t = mag->dz_abs[f];
+        for (int c = 0; c < dv; ++c) t += mag->dS_abs[int64_t(f) * dv + c] * std::abs(vj[c]);
+        mk[f] = t;
+      }
+      double* mv = mag->dv.data() + int64_t(j) * dv;
+      for (int c = 0; c < dv; ++c) {
+        double t = 0;
+        for (int f = 0; f < D; ++f) t += mag->dS_abs[int64_t(f) * dv + c] * std::abs(pk[f]);
+        mv[c] = t;
+      }
+    }
   }
 }
 
@@ -159,15 +217,21 @@ Result<Stabilizers> performer_stabilizers(const AttentionSpec& spec, const Atten
     return st.error();
   const int N = shape.seq, H = shape.heads;
   Stabilizers stab{std::vector<double>(size_t(shape.batch) * H * N, 0.0),
-                   std::vector<double>(size_t(shape.batch) * H, 0.0)};
+                   std::vector<double>(size_t(shape.batch) * H, 0.0),
+                   std::vector<double>(size_t(shape.batch) * H * N, 0.0)};
   for (int b = 0; b < shape.batch; ++b)
     for (int h = 0; h < H; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const std::vector<double> qh = gather_head(q, shape, spec.head_dim, b, h);
       const std::vector<double> kh = gather_head(k, shape, spec.head_dim, b, h);
+      const int64_t bh = int64_t(b) * H + h;
       const std::vector<double> sq = fm.stabilizers(qh.data(), N, Role::query);
-      std::copy(sq.begin(), sq.end(), stab.query.begin() + (int64_t(b) * H + h) * N);
-      stab.key[int64_t(b) * H + h] = fm.stabilizers(kh.data(), N, Role::key)[0];
+      std::copy(sq.begin(), sq.end(), stab.query.begin() + bh * N);
+      stab.key[bh] = fm.stabilizers(kh.data(), N, Role::key)[0];
+      // Running max of the keys' own maxima: what causal query row i may use.
+      const std::vector<double> sk = fm.stabilizers(kh.data(), N, Role::query);
+      for (int t = 0; t < N; ++t)
+        stab.key_running[bh * N + t] = t == 0 ? sk[0] : std::max(stab.key_running[bh * N + t - 1], sk[t]);
     }
   return stab;
 }
@@ -184,10 +248,97 @@ std::vector<double> head_stab(const Stabilizers& stab, const AttentionShape& sha
 
 Status check_stab(const Stabilizers& stab, const AttentionShape& shape) {
   const size_t bh = size_t(shape.batch) * shape.heads;
-  if (stab.key.size() != bh || stab.query.size() != bh * shape.seq)
-    return Error::invalid(fmt::format("frozen stabilizers have {} query and {} key values: expected {} and {}",
-                                      stab.query.size(), stab.key.size(), bh * shape.seq, bh));
+  if (stab.key.size() != bh || stab.query.size() != bh * shape.seq || stab.key_running.size() != bh * shape.seq)
+    return Error::invalid(fmt::format(
+        "frozen stabilizers have {} query, {} key and {} key_running values: expected {}, {} and {}",
+        stab.query.size(), stab.key.size(), stab.key_running.size(), bh * shape.seq, bh, bh * shape.seq));
   return ok_status();
+}
+
+// Whether the key features depend on the query row: causal performer, where
+// query i shifts the keys it sees by M_i = max_{j<=i} s(k_j) (MATH.md §2).
+bool row_dependent_keys(const AttentionSpec& spec) { return spec.causal && spec.family == Family::performer; }
+
+// Causal performer, one (batch, head). phi_i(k_j) = exp(s_j - M_i) (u_j - kappa) + kappa
+// = m^{-1/2} exp(e(k_j) - M_i) + kappa, where u_j = phi(k_j) shifted by the key's own
+// max s_j (so exp(s_j - M_i) <= 1 and nothing overflows; s_j cancels exactly).
+struct CausalPerformerHead {
+  const double* pq;  // [n, D] query features
+  const double* pk;  // [n, D] u_j: key features shifted by their own s_j
+  const double* s;   // [n] s_j
+  const double* M;   // [n] M_i
+  double kappa;
+  int n, D;
+  double weight(int i, int j) const { return std::exp(s[j] - M[i]); }
+  // phi_i(k_j)[f]
+  double key(int i, int j, int f) const { return weight(i, j) * (pk[int64_t(j) * D + f] - kappa) + kappa; }
+  // A_ij = phi(q_i) . phi_i(k_j) for j <= i, else 0: [n, n]
+  std::vector<double> scores() const {
+    std::vector<double> A(size_t(n) * n, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j <= i; ++j) {
+        double a = 0;
+        for (int f = 0; f < D; ++f) a += pq[int64_t(i) * D + f] * key(i, j, f);
+        A[int64_t(i) * n + j] = a;
+      }
+    return A;
+  }
+};
+
+// o = A v with A normalized by row (sum + eps) when mode.normalize; returns den [n].
+std::vector<double> apply_scores(const std::vector<double>& A, const double* v, int n, int dv,
+                                 const AttentionMode& mode, double* o) {
+  std::vector<double> den(n, 1.0);
+  for (int i = 0; i < n; ++i) {
+    double sum = 0;
+    std::fill(o + int64_t(i) * dv, o + int64_t(i + 1) * dv, 0.0);
+    for (int j = 0; j < n; ++j) {
+      const double a = A[int64_t(i) * n + j];
+      sum += a;
+      for (int c = 0; c < dv; ++c) o[int64_t(i) * dv + c] += a * v[int64_t(j) * dv + c];
+    }
+    if (mode.normalize) den[i] = sum + mode.eps;
+    for (int c = 0; c < dv; ++c) o[int64_t(i) * dv + c] /= den[i];
+  }
+  return den;
+}
+
+// Backward of the causal performer head: dphi(q) [n, D], du [n, D] (gradient
+// with respect to u_j, every s and M held constant) and dv [n, dv], overwritten.
+void causal_performer_backward(const CausalPerformerHead& hd, const double* v, int dv, const AttentionMode& mode,
+                               const double* dout, double* dphi_q, double* du, double* dv_out) {
+  const int n = hd.n, D = hd.D;
+  const std::vector<double> A = hd.scores();
+  std::vector<double> o(size_t(n) * dv);
+  const std::vector<double> den = apply_scores(A, v, n, dv, mode, o.data());
+  std::fill(dphi_q, dphi_q + int64_t(n) * D, 0.0);
+  std::fill(du, du + int64_t(n) * D, 0.0);
+  std::fill(dv_out, dv_out + int64_t(n) * dv, 0.0);
+  std::vector<double> g(dv);
+  for (int i = 0; i < n; ++i) {
+    const double* dO = dout + int64_t(i) * dv;
+    for (int c = 0; c < dv; ++c) g[c] = dO[c] / den[i];
+    const double r = mode.normalize ? -dot(dO, o.data() + int64_t(i) * dv, dv) / den[i] : 0.0;
+    for (int j = 0; j <= i; ++j) {
+      const double B = dot(v + int64_t(j) * dv, g.data(), dv) + r, w = hd.weight(i, j);
+      for (int f = 0; f < D; ++f) {
+        dphi_q[int64_t(i) * D + f] += B * hd.key(i, j, f);
+        du[int64_t(j) * D + f] += B * w * hd.pq[int64_t(i) * D + f];
+      }
+      for (int c = 0; c < dv; ++c) dv_out[int64_t(j) * dv + c] += A[int64_t(i) * n + j] * g[c];
+    }
+  }
+}
+
+// The per-row shifts of the keys' own maxima s_j of (b, h): the query-role
+// stabilizers of the keys (recomputed; they cancel exactly, see CausalPerformerHead).
+std::vector<double> own_max(const FeatureMap& fm, const std::vector<double>& kh, int n) {
+  return fm.stabilizers(kh.data(), n, Role::query);
+}
+
+std::vector<double> head_running(const Stabilizers& stab, const AttentionShape& shape, int b, int h) {
+  const int64_t bh = int64_t(b) * shape.heads + h;
+  return {stab.key_running.begin() + bh * shape.seq, stab.key_running.begin() + (bh + 1) * shape.seq};
 }
 
 // Stabilizers to use: the frozen ones, or those of q, k.
@@ -244,9 +395,17 @@ Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
     for (int h = 0; h < shape.heads; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const auto pq = head_features(fm, gather_head(q, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::query), N);
-      const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::key), N);
       const auto vh = gather_head(v, shape, dv, b, h);
-      linear_attention_head(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), oh.data());
+      if (row_dependent_keys(spec)) {
+        const auto kh = gather_head(k, shape, d, b, h);
+        const auto s = own_max(fm, kh, N), M = head_running(res.stab, shape, b, h);
+        const auto pk = head_features(fm, kh, s, N);
+        const CausalPerformerHead hd{pq.data(), pk.data(), s.data(), M.data(), spec.performer.kernel_eps, N, D};
+        apply_scores(hd.scores(), vh.data(), N, dv, mode_of(spec), oh.data());
+      } else {
+        const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(res.stab, shape, b, h, Role::key), N);
+        linear_attention_head(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), oh.data());
+      }
       scatter_head(oh, shape, dv, b, h, res.out);
     }
   return res;
@@ -266,21 +425,58 @@ Result<Gradients> linear_attention_backward(const AttentionSpec& spec, const Att
   if (!stab) return stab.error();
   const int N = shape.seq, d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
   Gradients grad{std::vector<double>(q.size(), 0.0), std::vector<double>(k.size(), 0.0),
-                 std::vector<double>(v.size(), 0.0), std::vector<double>(params.size(), 0.0)};
+                 std::vector<double>(v.size(), 0.0), std::vector<double>(params.size(), 0.0),
+                 std::vector<double>(params.size(), 0.0), std::vector<double>(q.size(), 0.0),
+                 std::vector<double>(k.size(), 0.0), std::vector<double>(v.size(), 0.0)};
   std::vector<double> dpq(size_t(N) * D), dpk(size_t(N) * D), dvh(size_t(N) * dv);
   for (int b = 0; b < shape.batch; ++b)
     for (int h = 0; h < shape.heads; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const auto qh = gather_head(q, shape, d, b, h), kh = gather_head(k, shape, d, b, h);
-      const auto sq = head_stab(*stab, shape, b, h, Role::query), sk = head_stab(*stab, shape, b, h, Role::key);
+      const auto sq = head_stab(*stab, shape, b, h, Role::query);
+      // Causal performer: keys are mapped with their own max s_j and dpk is the
+      // gradient with respect to those features (CausalPerformerHead).
+      const auto sk = row_dependent_keys(spec) ? own_max(fm, kh, N) : head_stab(*stab, shape, b, h, Role::key);
       const auto pq = head_features(fm, qh, sq, N), pk = head_features(fm, kh, sk, N);
       const auto vh = gather_head(v, shape, dv, b, h), doh = gather_head(dout, shape, dv, b, h);
-      linear_attention_head_backward(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), doh.data(),
-                                     dpq.data(), dpk.data(), dvh.data());
+      // Term magnitudes (the checks' rounding floor) come from the generic
+      // backward; the causal performer's rescaled sums keep no floor.
+      TermMagnitudes mag;
+      if (row_dependent_keys(spec)) {
+        const auto M = head_running(*stab, shape, b, h);
+        const CausalPerformerHead hd{pq.data(), pk.data(), sk.data(), M.data(), spec.performer.kernel_eps, N, D};
+        causal_performer_backward(hd, vh.data(), dv, mode_of(spec), doh.data(), dpq.data(), dpk.data(), dvh.data());
+      } else {
+        linear_attention_head_backward(pq.data(), pk.data(), vh.data(), N, D, dv, mode_of(spec), doh.data(),
+                                       dpq.data(), dpk.data(), dvh.data(), &mag);
+      }
       std::vector<double> dqh(size_t(N) * d, 0.0), dkh(size_t(N) * d, 0.0);
       double* dparams = grad.dparams.data() + param_block_offset(spec, h);
       fm.backward(qh.data(), N, RowContext{N, 1, sq.data()}, dpq.data(), dqh.data(), dparams);
       fm.backward(kh.data(), N, RowContext{N, 1, sk.data()}, dpk.data(), dkh.data(), dparams);
+      if (!mag.dphi_q.empty()) {
+        // The magnitude of the terms every gradient sums: each row's J_t^T applied
+        // to the magnitudes of dphi's parts, taken absolute and summed row by row.
+        double* terms = grad.dparams_terms.data() + param_block_offset(spec, h);
+        const size_t block = param_layout(spec).per_head_floats;
+        std::vector<double> row_dp(block), row_dx(d), dq_mag(size_t(N) * d), dk_mag(size_t(N) * d);
+        for (int which = 0; which < 2; ++which)
+          for (int t = 0; t < N; ++t) {
+            std::fill(row_dp.begin(), row_dp.end(), 0.0);
+            std::fill(row_dx.begin(), row_dx.end(), 0.0);
+            const auto& xh = which == 0 ? qh : kh;
+            const auto& st = which == 0 ? sq : sk;
+            const double* m = (which == 0 ? mag.dphi_q : mag.dphi_k).data() + size_t(t) * D;
+            fm.backward(xh.data() + size_t(t) * d, 1, RowContext{N, t + 1, st.empty() ? nullptr : st.data() + t}, m,
+                        row_dx.data(), row_dp.data());
+            for (size_t i = 0; i < block; ++i) terms[i] += std::abs(row_dp[i]);
+            double* dx_mag = (which == 0 ? dq_mag : dk_mag).data() + size_t(t) * d;
+            for (int i = 0; i < d; ++i) dx_mag[i] = std::abs(row_dx[i]);
+          }
+        scatter_head(dq_mag, shape, d, b, h, grad.dq_terms);
+        scatter_head(dk_mag, shape, d, b, h, grad.dk_terms);
+        scatter_head(mag.dv, shape, dv, b, h, grad.dv_terms);
+      }
       scatter_head(dqh, shape, d, b, h, grad.dq);
       scatter_head(dkh, shape, d, b, h, grad.dk);
       scatter_head(dvh, shape, dv, b, h, grad.dv);
@@ -303,9 +499,23 @@ Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
     for (int h = 0; h < shape.heads; ++h) {
       const FeatureMap fm(spec, head_block(spec, params, h));
       const auto pq = head_features(fm, gather_head(q, shape, d, b, h), head_stab(*stab, shape, b, h, Role::query), N);
-      const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(*stab, shape, b, h, Role::key), N);
-      linear_attention_head_weights(pq.data(), pk.data(), N, D, mode_of(spec),
-                                    A.data() + (int64_t(b) * shape.heads + h) * N * N);
+      double* Ah = A.data() + (int64_t(b) * shape.heads + h) * N * N;
+      if (row_dependent_keys(spec)) {
+        const auto kh = gather_head(k, shape, d, b, h);
+        const auto s = own_max(fm, kh, N), M = head_running(*stab, shape, b, h);
+        const auto pk = head_features(fm, kh, s, N);
+        const CausalPerformerHead hd{pq.data(), pk.data(), s.data(), M.data(), spec.performer.kernel_eps, N, D};
+        const std::vector<double> raw = hd.scores();
+        for (int i = 0; i < N; ++i) {
+          double sum = 0;
+          for (int j = 0; j < N; ++j) sum += raw[int64_t(i) * N + j];
+          for (int j = 0; j < N; ++j)
+            Ah[int64_t(i) * N + j] = spec.normalize ? raw[int64_t(i) * N + j] / (sum + spec.eps) : raw[int64_t(i) * N + j];
+        }
+      } else {
+        const auto pk = head_features(fm, gather_head(k, shape, d, b, h), head_stab(*stab, shape, b, h, Role::key), N);
+        linear_attention_head_weights(pq.data(), pk.data(), N, D, mode_of(spec), Ah);
+      }
     }
   return A;
 }

@@ -48,20 +48,37 @@ void linear_attention_head_chunked(const double* phi_q, const double* phi_k, con
 void linear_attention_head_weights(const double* phi_q, const double* phi_k, int n, int D,
                                    const AttentionMode& mode, double* A);
 
+// The sizes of the parts the backward adds up (never needed for the gradient
+// itself): dphi_q = S g + z r, dphi_k = dS v + dz and dv = dS^T phi_k each sum
+// terms that cancel when the attention cannot depend on them (one key: o = v
+// whatever phi is); these hold the same sums with every term taken absolute,
+// the scale of the rounding error of any floating-point evaluation.
+struct TermMagnitudes {
+  std::vector<double> dphi_q, dphi_k, dv;           // [n, D], [n, D], [n, dv]
+  std::vector<double> S_abs, z_abs, dS_abs, dz_abs;  // working sums
+  void reset(int n, int D, int dv);
+};
+
 // Backward of linear_attention_head (MATH.md §1): from dO [n, dv], writes
-// dphi_q, dphi_k [n, D] and dv [n, dv] (overwritten, not accumulated).
+// dphi_q, dphi_k [n, D] and dv [n, dv] (overwritten, not accumulated), and
+// the term magnitudes into `mag` when given.
 void linear_attention_head_backward(const double* phi_q, const double* phi_k, const double* v,
                                     int n, int D, int dv, const AttentionMode& mode,
                                     const double* dout, double* dphi_q, double* dphi_k,
-                                    double* dv_out);
+                                    double* dv_out, TermMagnitudes* mag = nullptr);
 
-// Performer stabilizers of a problem: query [batch, heads, seq] (per query row)
-// and key [batch, heads] (one per (batch, head)); zeros for other families. They
-// are what the forward pass subtracts, and what a caller freezes to take finite
-// differences of the stop-gradient function (feature_map.h).
+// Performer stabilizers of a problem (docs/MATH.md §2, performer); zeros for
+// other families. They are what the forward pass subtracts, and what a caller
+// freezes to take finite differences of the stop-gradient function (feature_map.h).
+//   query        [batch, heads, seq]: s(q_i) = max_r e_r(q_i), per query row.
+//   key          [batch, heads]: max_j s(k_j) over all keys (non-causal attention,
+//                and feature_map() of keys).
+//   key_running  [batch, heads, seq]: M_i = max_{j<=i} s(k_j), the key stabilizer
+//                query row i uses in causal attention (only keys it sees).
 struct Stabilizers {
   std::vector<double> query;
   std::vector<double> key;
+  std::vector<double> key_running;
 };
 
 // The stabilizers the forward pass would use for q and k.
@@ -81,7 +98,9 @@ struct ForwardResult {
 };
 
 // Linear attention of spec on q, k, v with params (the flat buffer, as double).
-// `frozen` replaces the performer stabilizers the pass would compute.
+// `frozen` replaces the performer stabilizers the pass would compute. Causal
+// performer maps key j for query i with the running max key_running[i]
+// (docs/MATH.md §2), as an O(n^2) masked sum per head.
 Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
                                                const AttentionShape& shape,
                                                std::span<const double> q,
@@ -93,6 +112,12 @@ Result<ForwardResult> linear_attention_forward(const AttentionSpec& spec,
 struct Gradients {
   std::vector<double> dq, dk, dv;  // shaped like q, k, v
   std::vector<double> dparams;     // shaped like params; fixed tensors stay 0
+  // Shaped like dparams: sum over query and key rows of |J_t^T m_t|, m_t the
+  // magnitudes of dphi's parts (TermMagnitudes): the scale of the rounding
+  // error of a gradient whose terms cancel.
+  std::vector<double> dparams_terms;
+  // Shaped like dq, dk, dv: the same magnitudes for the input gradients.
+  std::vector<double> dq_terms, dk_terms, dv_terms;
 };
 
 // Exact gradient of sum(dout * out) of linear_attention_forward with respect to

@@ -15,6 +15,9 @@
 #include "report/cost_model.h"
 #include "report/measure.h"
 #include "report/occupancy.h"
+#include "autotune/validation.h"
+#include "runtime/host/host_backend.h"
+#include "runtime/host/sanitizer.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -33,6 +36,71 @@ std::string utc_now() {
 }
 
 json shape_json(const ProblemShape& s) { return {{"batch", s.batch}, {"heads", s.heads}, {"seq", s.seq}}; }
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// The host bank profile (ReportOptions::bank_profile): per causal variant and
+// pass, the sites of block (0,0,0) with wavefronts above the conflict-free count.
+json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variants, const Arch& arch,
+                  const ProblemShape& first, json& notes) {
+  const ProblemShape shape{1, 1, std::min(first.seq, 128)};
+  HostBackend host;
+  host.set_sanitize(host::parse_sanitize("banks").value_or_throw());
+  json sites = json::array();
+  std::uint64_t total = 0, ideal = 0;
+  for (bool causal : variants) {
+    AttentionSpec spec = spec_in;
+    spec.causal = causal;
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const std::vector<host::KernelBankSite> before = host::bank_sites_so_far();
+      CheckOptions o;
+      o.shape = shape;
+      Status st = ok_status();
+      if (pass == Pass::forward) {
+        auto r = check_forward(host, spec, default_config(spec, arch, pass), o);
+        if (!r) st = r.error();
+      } else {
+        auto r = check_backward(host, spec, default_config(spec, arch, pass), o);
+        if (!r) st = r.error();
+      }
+      if (!st) {
+        notes.push_back(fmt::format("bank profile of the {} {}: {}", causal ? "causal" : "non-causal", to_string(pass),
+                                    first_line(st.error().message)));
+        continue;
+      }
+      // What this pass added to the process-wide statistics.
+      for (const host::KernelBankSite& k : host::bank_sites_so_far()) {
+        std::uint64_t ex = k.site.executions, wf = k.site.wavefronts, id = k.site.ideal;
+        for (const host::KernelBankSite& b : before) {
+          if (b.kernel == k.kernel && b.site.file == k.site.file && b.site.line == k.site.line &&
+              b.site.column == k.site.column && b.site.bytes == k.site.bytes && b.site.write == k.site.write) {
+            ex -= b.site.executions;
+            wf -= b.site.wavefronts;
+            id -= b.site.ideal;
+          }
+        }
+        if (ex == 0) continue;
+        total += wf;
+        ideal += id;
+        if (wf == id) continue;
+        std::string file = k.site.file;
+        if (auto slash = file.rfind('/'); slash != std::string::npos) file = file.substr(slash + 1);
+        sites.push_back({{"causal", causal}, {"pass", to_string(pass)}, {"kernel", k.kernel},
+                         {"site", fmt::format("{}:{}:{}", file, k.site.line, k.site.column)},
+                         {"access", k.site.write ? "store" : "load"}, {"bytes", k.site.bytes},
+                         {"warp_accesses", ex}, {"wavefronts", wf}, {"conflict_free_wavefronts", id},
+                         {"wavefronts_per_access", static_cast<double>(wf) / static_cast<double>(ex)}});
+      }
+    }
+  }
+  std::stable_sort(sites.begin(), sites.end(), [](const json& a, const json& b) {
+    return a["wavefronts"].get<std::uint64_t>() - a["conflict_free_wavefronts"].get<std::uint64_t>() >
+           b["wavefronts"].get<std::uint64_t>() - b["conflict_free_wavefronts"].get<std::uint64_t>();
+  });
+  if (sites.size() > 30) sites.erase(sites.begin() + 30, sites.end());
+  return {{"shape", shape_json(shape)}, {"arch", arch.name()}, {"block", "(0,0,0)"}, {"total_wavefronts", total},
+          {"conflict_free_wavefronts", ideal}, {"sites", sites}};
+}
 
 json arch_json(const Arch& a, const GpuSpec* gpu, bool gpu_is_device) {
   json limits = {{"max_smem_per_block", a.max_smem_per_block},
@@ -74,7 +142,6 @@ class ResourceTable {
   std::map<std::string, Result<CompiledKernel>> compiled_;
 };
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 }  // namespace
 
@@ -83,34 +150,6 @@ ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pas
   const ConfigChoice choice = choose_config(db, spec, pass, shape, arch);
   if (choice.from == LookupKind::none) return {choice.config, "default (untuned)"};
   return {choice.config, fmt::format("{} ({} bucket)", choice.method, to_string(choice.from))};
-}
-
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text) {
-  std::vector<ProblemShape> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t semi = text.find(';', start);
-    const std::string_view item = text.substr(start, semi == std::string_view::npos ? semi : semi - start);
-    if (!item.empty()) {
-      int v[3];
-      size_t pos = 0;
-      for (int i = 0; i < 3; ++i) {
-        const size_t comma = i < 2 ? item.find(',', pos) : item.size();
-        const std::string_view num = item.substr(pos, comma == std::string_view::npos ? comma : comma - pos);
-        auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v[i]);
-        if (comma == std::string_view::npos || num.empty() || ec != std::errc() || p != num.data() + num.size())
-          return Error::invalid(fmt::format("shapes: \"{}\": expected B,H,N (e.g. 2,8,1024)", item));
-        pos = comma + 1;
-      }
-      ProblemShape s{v[0], v[1], v[2]};
-      if (auto st = validate(s); !st) return Error::invalid(fmt::format("shapes: \"{}\": {}", item, st.error().message));
-      out.push_back(s);
-    }
-    if (semi == std::string_view::npos) break;
-    start = semi + 1;
-  }
-  if (out.empty()) return Error::invalid("shapes: empty; expected B,H,N[;B,H,N...] (e.g. 2,8,1024)");
-  return out;
 }
 
 Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt) {
@@ -125,7 +164,12 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
   if (opt.measure) {
     auto b = CudaBackend::create();
     if (b) gpu = std::move(*b);
-    else notes.push_back("no GPU: every time is predicted from the roofline (" + first_line(b.error().message) + ")");
+    else {
+      // The driver's message ends in a hint for `run` ("use --backend host"), an option report has not.
+      std::string why = first_line(b.error().message);
+      if (const size_t hint = why.find("; use --backend host"); hint != std::string::npos) why.erase(hint);
+      notes.push_back("no GPU: every time is predicted from the roofline (" + why + ")");
+    }
   } else {
     notes.push_back("measurement off: every time is predicted from the roofline");
   }
@@ -285,6 +329,7 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
   for (const auto& s : opt.shapes) shapes.push_back(shape_json(s));
   report["shapes"] = shapes;
   report["archs"] = archs;
+  if (opt.bank_profile) report["bank_conflicts"] = bank_profile(spec_in, variants, opt.archs.front(), opt.shapes.front(), notes);
   report["passes"] = passes;
   report["kernels"] = kernels;
   report["notes"] = notes;

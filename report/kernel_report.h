@@ -45,6 +45,11 @@ struct ReportOptions {
   bool measure = true;   // time on the GPU when there is one of a requested arch
   int measure_repeats = 20;
   BinaryCache* cache = nullptr;  // nullptr: BinaryCache::global()
+  // Host bank profile (README "Host sanitizers", banks): every pass at the
+  // default config of the first arch, run on the host under the banks check
+  // at shape (1, 1, min(seq of the first shape, 128)); the report gains
+  // "bank_conflicts" (the sites with the most wavefronts above conflict-free).
+  bool bank_profile = false;
 };
 
 // The tile config a report uses for (spec, arch, shape) and how it was chosen:
@@ -64,7 +69,5 @@ ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pas
 // NVRTC cannot compile keeps null resources and a note.
 Result<nlohmann::json> build_report(const AttentionSpec& spec, const ReportOptions& options);
 
-// Parses "B,H,N[;B,H,N...]" (e.g. "2,8,1024;1,16,4096"); the error names the bad item.
-Result<std::vector<ProblemShape>> parse_shapes(std::string_view text);
 
 }  // namespace lunajit::report

@@ -379,6 +379,24 @@ std::string render_markdown(const json& r) {
     s += fmt::format("| {} | {} | {} | {} | {} |\n", p.at("arch").get<std::string>(), p.at("pass").get<std::string>(),
                      p.at("causal").get<bool>() ? "causal" : "non-causal", p.at("status").get<std::string>(),
                      md_escape(p.at("note").get<std::string>()));
+  if (r.contains("bank_conflicts")) {
+    const json& b = r.at("bank_conflicts");
+    const json& sh = b.at("shape");
+    s += fmt::format("\n## Shared-memory bank conflicts (host-profiled)\n\nBlock {} of every kernel at B,H,N = {},{},{} "
+                     "(default config of {}): {} wavefronts where a conflict-free layout needs {}. Worst sites:\n\n"
+                     "| causal | pass | kernel | site | access | bytes | warp accesses | wavefronts | conflict-free | per "
+                     "access |\n|---|---|---|---|---|---:|---:|---:|---:|---:|\n",
+                     b.at("block").get<std::string>(), sh.at("batch").get<int>(), sh.at("heads").get<int>(),
+                     sh.at("seq").get<int>(), b.at("arch").get<std::string>(), b.at("total_wavefronts").get<std::uint64_t>(),
+                     b.at("conflict_free_wavefronts").get<std::uint64_t>());
+    for (const auto& x : b.at("sites"))
+      s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1f} |\n",
+                       x.at("causal").get<bool>() ? "causal" : "non-causal", x.at("pass").get<std::string>(),
+                       md_escape(x.at("kernel").get<std::string>()), x.at("site").get<std::string>(),
+                       x.at("access").get<std::string>(), x.at("bytes").get<unsigned>(),
+                       x.at("warp_accesses").get<std::uint64_t>(), x.at("wavefronts").get<std::uint64_t>(),
+                       x.at("conflict_free_wavefronts").get<std::uint64_t>(), x.at("wavefronts_per_access").get<double>());
+  }
   if (!r.at("notes").empty()) {
     s += "\n## Notes\n\n";
     for (const auto& n : r.at("notes")) s += "- " + n.get<std::string>() + "\n";

@@ -62,7 +62,7 @@ Status write_report(const nlohmann::json& report, const std::filesystem::path& d
 // forward time by sequence length of every report and arch.
 std::string render_compare_markdown(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels);
 std::string render_compare_html(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels);
-// Reads the reports (checking schema and version) and writes compare.md and compare.html into `dir`.
+// Reads the reports (report_reader.h read_report_file) and writes compare.md and compare.html into `dir`.
 Status write_compare(const std::vector<std::filesystem::path>& reports, const std::filesystem::path& dir);
 
 }  // namespace lunajit::report

@@ -29,6 +29,10 @@ struct LaunchConfig {
   Dim3 grid;
   Dim3 block;
   unsigned dynamic_smem = 0;  // bytes
+  // Host backend only: the sanitizers for this launch ("init,race,schedule=reverse",
+  // runtime/host/sanitizer.h); empty means the backend's default
+  // (LUNAJIT_HOST_SANITIZE). The CUDA backend ignores it.
+  std::string_view host_sanitize = {};
 };
 
 using DevicePtr = std::uint64_t;

@@ -352,7 +352,28 @@ Result<CompiledKernel> compile_nvrtc(const KernelSource& src, const Arch& arch, 
 
   if (cache) {
     if (auto payload = cache->get(key)) {
-      if (auto hit = decode_payload(*payload)) {
+      auto hit = decode_payload(*payload);
+      if (hit) {
+        // The entry must export what this source asks for: its recorded
+        // names are the source's name expressions, and each lowered name is
+        // in the CUBIN (its ELF string table), so another kernel's entry is
+        // never launched under this kernel's names.
+        std::string wrong;
+        if (hit->lowered_names.size() != src.entries.size()) wrong = "a different number of kernels";
+        for (const auto& e : src.entries) {
+          if (!wrong.empty()) break;
+          auto it = hit->lowered_names.find(e.name_expression);
+          if (it == hit->lowered_names.end()) wrong = "no kernel " + e.name_expression;
+          else if (it->second.empty() || hit->cubin.find(it->second) == std::string::npos)
+            wrong = "its CUBIN does not contain " + it->second;
+        }
+        if (!wrong.empty()) {
+          std::fprintf(stderr, "lunajit: warning: cached CUBIN %s of '%s' rejected (%s); recompiling\n",
+                       key.c_str(), src.name.c_str(), wrong.c_str());
+          hit.reset();
+        }
+      }
+      if (hit) {
         hit->from_cache = true;
         hit->cache_key = key;
         hit->compile_seconds = seconds_since_start();

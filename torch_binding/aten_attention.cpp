@@ -3,6 +3,7 @@
 #include "torch_binding/aten_attention.h"
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "codegen/feature_params.h"
@@ -94,15 +95,102 @@ Tensor luna_features(const Tensor& x, const Tensor& params, const AttentionSpec&
   return phi.reshape({x.size(0), x.size(1), H, -1});
 }
 
-Tensor performer_features(const Tensor& x, const Tensor& params, const AttentionSpec& spec, FeatureRole role) {
-  const int64_t H = x.size(2), d = x.size(3), m = spec.performer.features;
-  const Tensor xs = x * std::pow(double(d), -0.25);  // x' = d^{-1/4} x
+// Performer exponents e = omega^T x' - |x'|^2 / 2, x' = d^{-1/4} x: (B, N, H, m).
+Tensor performer_exponents(const Tensor& x, const Tensor& params, const AttentionSpec& spec) {
+  const int64_t H = x.size(2), d = x.size(3);
+  const Tensor xs = x * std::pow(double(d), -0.25);
   const Tensor omega = param_tensor(params, spec, "omega", H, x.scalar_type());
-  const Tensor e = torch::einsum("bnhd,hmd->bnhm", {xs, omega}) - 0.5 * (xs * xs).sum(-1, true);  // (B, N, H, m)
-  // Stop-gradient shifts: per query row; one per (batch, head) over all keys.
-  const Tensor stab = role == FeatureRole::query ? std::get<0>(e.max(-1, true)).detach()
-                                                 : e.amax({1, 3}, true).detach();
-  return torch::exp(e - stab) / std::sqrt(double(m)) + spec.performer.kernel_eps;
+  return torch::einsum("bnhd,hmd->bnhm", {xs, omega}) - 0.5 * (xs * xs).sum(-1, true);
+}
+
+// `real` (keys only, may be undefined): bool (B, N, 1, 1), true for real keys.
+Tensor performer_features(const Tensor& x, const Tensor& params, const AttentionSpec& spec, FeatureRole role,
+                          const Tensor& real) {
+  Tensor e = performer_exponents(x, params, spec);  // (B, N, H, m)
+  // Stop-gradient shifts: per query row; one per (batch, head) over all (real)
+  // keys (non-causal attention; causal performer maps keys per query row, below).
+  Tensor stab;
+  if (role == FeatureRole::query) {
+    stab = std::get<0>(e.max(-1, true)).detach();
+  } else if (!real.defined()) {
+    stab = e.amax({1, 3}, true).detach();
+  } else {
+    const Tensor m = e.masked_fill(real.logical_not(), -std::numeric_limits<double>::infinity()).amax({1, 3}, true);
+    stab = m.masked_fill(m.isneginf(), 0).detach();  // a (batch, head) without real keys: any finite shift
+    // Pad exponents are replaced before exp: exp of a pad's e - stab may overflow,
+    // and a masked inf would still make a NaN gradient. Their rows are zeroed later.
+    e = torch::where(real, e, stab);
+  }
+  return torch::exp(e - stab) / std::sqrt(double(spec.performer.features)) + spec.performer.kernel_eps;
+}
+
+// Causal performer pieces (docs/MATH.md §2), (B, H, N, *): phi(q); the keys'
+// exp parts ut_j = m^{-1/2} exp(e(k_j) - s_j) shifted by their own max s_j; s_j
+// and the running max M_i = max_{j<=i} s_j (both stop-gradient). Query i sees
+// key j <= i through phi_i(k_j) = exp(s_j - M_i) ut_j + kappa.
+struct CausalPerformerParts {
+  Tensor pq, ut, s, M;
+};
+
+CausalPerformerParts causal_performer_parts(const Tensor& q, const Tensor& k, const Tensor& params,
+                                            const AttentionSpec& spec) {
+  CausalPerformerParts p;
+  p.pq = performer_features(q, params, spec, FeatureRole::query, {}).permute({0, 2, 1, 3});
+  const Tensor e = performer_exponents(k, params, spec).permute({0, 2, 1, 3});  // (B, H, N, m)
+  p.s = std::get<0>(e.max(-1, true)).detach();                                 // (B, H, N, 1)
+  p.M = std::get<0>(p.s.cummax(2));
+  p.ut = torch::exp(e - p.s) / std::sqrt(double(spec.performer.features));
+  return p;
+}
+
+// exp(s_j - M_i) for j <= i, 0 above the diagonal (masked before exp: s_j - M_i
+// may be large for j > i): (B, H, Lq, Lk) from s (B, H, Lk, 1) and M (B, H, Lq, 1),
+// with query row i at position offset + i of the key block.
+Tensor causal_weights(const Tensor& s, const Tensor& M) {
+  const Tensor diff = s.transpose(-1, -2) - M;
+  const int64_t L = M.size(2);
+  const Tensor keep = torch::ones({L, L}, M.options().dtype(torch::kBool)).tril();
+  return torch::exp(diff.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity()));
+}
+
+// Causal performer attention, chunked like the kernels (performer_causal_chunk):
+// the carried (E, e) sits at the running max of the last token before the chunk
+// and is rescaled exactly when the max grows; kappa's share is carried unshifted.
+Tensor causal_performer_attention(const Tensor& q, const Tensor& k, const Tensor& v_in, const Tensor& params,
+                                  const AttentionSpec& spec, int64_t chunk) {
+  const CausalPerformerParts p = causal_performer_parts(q, k, params, spec);
+  const Tensor v = v_in.to(p.pq.scalar_type()).permute({0, 2, 1, 3});  // (B, H, N, dv)
+  const int64_t B = v.size(0), H = v.size(1), N = v.size(2), dv = v.size(3), m = p.pq.size(3);
+  const double kappa = spec.performer.kernel_eps;
+  const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
+  const auto opts = v.options();
+  Tensor E = torch::zeros({B, H, m, dv}, opts), ez = torch::zeros({B, H, m, 1}, opts);
+  Tensor Vs = torch::zeros({B, H, 1, dv}, opts);
+  Tensor level = torch::full({B, H, 1, 1}, -std::numeric_limits<double>::infinity(), opts);
+  std::vector<Tensor> outs;
+  for (int64_t t0 = 0; t0 < N; t0 += C) {
+    const int64_t L = std::min(C, N - t0);
+    const Tensor qc = p.pq.narrow(2, t0, L), uc = p.ut.narrow(2, t0, L), vc = v.narrow(2, t0, L);
+    const Tensor sc = p.s.narrow(2, t0, L), Mc = p.M.narrow(2, t0, L);
+    const Tensor Q = qc.sum(-1, true);                                          // (B, H, L, 1)
+    const Tensor mask = torch::ones({L, L}, opts).tril();
+    const Tensor A = causal_weights(sc, Mc) * torch::matmul(qc, uc.transpose(-1, -2)) + kappa * Q * mask;
+    const Tensor back = torch::exp(level - Mc);                                 // (B, H, L, 1); 0 at the start
+    Tensor num = torch::matmul(A, vc) + back * torch::matmul(qc, E) + kappa * Q * Vs;
+    if (spec.normalize) {
+      const Tensor den = A.sum(-1, true) + back * torch::matmul(qc, ez) + kappa * Q * double(t0) + spec.eps;
+      num = num / den;
+    }
+    outs.push_back(num);
+    const Tensor next = Mc.narrow(2, L - 1, 1);                                 // (B, H, 1, 1)
+    const Tensor rescale = torch::exp(level - next);
+    const Tensor w = torch::exp(sc - next) * uc;                                // (B, H, L, m)
+    E = rescale * E + torch::matmul(w.transpose(-1, -2), vc);
+    ez = rescale * ez + w.sum(2).unsqueeze(-1);
+    Vs = Vs + vc.sum(2, true);
+    level = next;
+  }
+  return torch::cat(outs, 2).permute({0, 2, 1, 3});  // (B, N, H, dv)
 }
 
 Tensor slay_features(const Tensor& x, const Tensor& params, const AttentionSpec& spec) {
@@ -150,13 +238,14 @@ torch::Tensor param_tensor(const torch::Tensor& params, const AttentionSpec& spe
   return v;
 }
 
-torch::Tensor feature_map(const torch::Tensor& x_in, const torch::Tensor& params, const AttentionSpec& spec,
-                          FeatureRole role) {
-  const Tensor x = x_in.to(compute_dtype(x_in.scalar_type()));
+namespace {
+
+Tensor features(const Tensor& x, const Tensor& params, const AttentionSpec& spec, FeatureRole role,
+                const Tensor& real) {
   const int64_t H = x.size(2), d = x.size(3);
   switch (spec.family) {
     case Family::luna: return luna_features(x, params, spec);
-    case Family::performer: return performer_features(x, params, spec, role);
+    case Family::performer: return performer_features(x, params, spec, role, real);
     case Family::rff: {
       const Tensor w = torch::einsum("bnhd,hmd->bnhm", {x, param_tensor(params, spec, "omega", H, x.scalar_type())});
       return torch::cat({torch::cos(w), torch::sin(w)}, -1) / std::sqrt(double(spec.rff.features));
@@ -184,6 +273,18 @@ torch::Tensor feature_map(const torch::Tensor& x_in, const torch::Tensor& params
   TORCH_CHECK(false, "feature_map: unknown family");
   (void)d;
   return {};
+}
+
+}  // namespace
+
+torch::Tensor feature_map(const torch::Tensor& x_in, const torch::Tensor& params, const AttentionSpec& spec,
+                          FeatureRole role, const torch::Tensor& key_mask) {
+  const Tensor x = x_in.to(compute_dtype(x_in.scalar_type()));
+  if (!key_mask.defined()) return features(x, params, spec, role, {});
+  TORCH_CHECK(role == FeatureRole::key, "feature_map: key_mask applies to keys only");
+  TORCH_CHECK(spec.family != Family::cosformer, "feature_map: key_mask is not supported for family cosformer");
+  const Tensor real = key_mask.reshape({x.size(0), x.size(1), 1, 1});
+  return features(x, params, spec, role, real).masked_fill(real.logical_not(), 0);
 }
 
 torch::Tensor linear_attention_from_features(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
@@ -230,9 +331,15 @@ torch::Tensor linear_attention_from_features(const torch::Tensor& phi_q, const t
 }
 
 torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk) {
+                               const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk,
+                               const torch::Tensor& key_mask) {
+  if (spec.causal && spec.family == Family::performer) {
+    TORCH_CHECK(!key_mask.defined(), "linear_attention: key_mask is not supported for causal performer");
+    const auto dt = compute_dtype(q.scalar_type());
+    return causal_performer_attention(q.to(dt), k.to(dt), v, params, spec, chunk);
+  }
   const Tensor phi_q = feature_map(q, params, spec, FeatureRole::query);
-  const Tensor phi_k = feature_map(k, params, spec, FeatureRole::key);
+  const Tensor phi_k = feature_map(k, params, spec, FeatureRole::key, key_mask);
   return linear_attention_from_features(phi_q, phi_k, v, spec.causal, spec.normalize, spec.eps, chunk);
 }
 
@@ -241,6 +348,24 @@ torch::Tensor linear_attention_weights(const torch::Tensor& phi_q, const torch::
   Tensor A = torch::matmul(phi_q.permute({0, 2, 1, 3}), phi_k.permute({0, 2, 3, 1}));  // (B, H, N, N)
   if (causal) A = lower_triangle(A);
   if (normalize) A = A / (A.sum(-1, true) + eps);
+  return A;
+}
+
+torch::Tensor linear_attention_weights(const torch::Tensor& q_in, const torch::Tensor& k_in,
+                                       const torch::Tensor& params, const AttentionSpec& spec,
+                                       const torch::Tensor& key_mask) {
+  if (!(spec.causal && spec.family == Family::performer))
+    return linear_attention_weights(feature_map(q_in, params, spec, FeatureRole::query),
+                                    feature_map(k_in, params, spec, FeatureRole::key, key_mask), spec.causal,
+                                    spec.normalize, spec.eps);
+  TORCH_CHECK(!key_mask.defined(), "linear_attention_weights: key_mask is not supported for causal performer");
+  const auto dt = compute_dtype(q_in.scalar_type());
+  const CausalPerformerParts p = causal_performer_parts(q_in.to(dt), k_in.to(dt), params, spec);
+  const int64_t N = p.pq.size(2);
+  const Tensor Q = p.pq.sum(-1, true);
+  Tensor A = causal_weights(p.s, p.M) * torch::matmul(p.pq, p.ut.transpose(-1, -2)) +
+             spec.performer.kernel_eps * Q * torch::ones({N, N}, p.pq.options()).tril();
+  if (spec.normalize) A = A / (A.sum(-1, true) + spec.eps);
   return A;
 }
 
@@ -260,15 +385,20 @@ std::optional<QuadraticKind> parse_quadratic_kind(std::string_view s) {
   return std::nullopt;
 }
 
-torch::Tensor quadratic_weights(const torch::Tensor& q_in, const torch::Tensor& k_in, const QuadraticOptions& o) {
+torch::Tensor quadratic_weights(const torch::Tensor& q_in, const torch::Tensor& k_in, const QuadraticOptions& o,
+                                const torch::Tensor& key_mask) {
   const auto dt = compute_dtype(q_in.scalar_type());
   const Tensor q = q_in.to(dt).permute({0, 2, 1, 3});  // (B, H, Nq, d)
   const Tensor k = k_in.to(dt).permute({0, 2, 1, 3});  // (B, H, Nk, d)
   const int64_t d = q.size(3), Nq = q.size(2), Nk = k.size(2);
-  const Tensor mask = o.causal ? torch::ones({Nq, Nk}, q.options().dtype(torch::kBool)).tril() : Tensor();
+  Tensor mask = o.causal ? torch::ones({Nq, Nk}, q.options().dtype(torch::kBool)).tril() : Tensor();
+  if (key_mask.defined()) {
+    const Tensor keys = key_mask.reshape({q.size(0), 1, 1, Nk});  // (B, 1, 1, Nk)
+    mask = mask.defined() ? mask.logical_and(keys) : keys;
+  }
   if (o.kind == QuadraticKind::softmax) {
     Tensor logits = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(d));
-    if (o.causal) logits = logits.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+    if (mask.defined()) logits = logits.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
     return torch::softmax(logits, -1);
   }
   Tensor K;
@@ -281,13 +411,13 @@ torch::Tensor quadratic_weights(const torch::Tensor& q_in, const torch::Tensor& 
     const Tensor x = torch::matmul(q / q.norm(2, -1, true), (k / k.norm(2, -1, true)).transpose(-1, -2));
     K = x * x / (2.0 + o.eps_yat - 2.0 * x);
   }
-  if (o.causal) K = K * mask.to(dt);
+  if (mask.defined()) K = K.masked_fill(mask.logical_not(), 0);
   return K / K.sum(-1, true);
 }
 
 torch::Tensor quadratic_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                  const QuadraticOptions& opts) {
-  const Tensor w = quadratic_weights(q, k, opts);  // (B, H, Nq, Nk)
+                                  const QuadraticOptions& opts, const torch::Tensor& key_mask) {
+  const Tensor w = quadratic_weights(q, k, opts, key_mask);  // (B, H, Nq, Nk)
   return torch::matmul(w, v.to(w.scalar_type()).permute({0, 2, 1, 3})).permute({0, 2, 1, 3});
 }
 

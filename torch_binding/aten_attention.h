@@ -42,11 +42,20 @@ torch::Tensor param_tensor(const torch::Tensor& params, const AttentionSpec& spe
 
 // phi(x) for x [batch, seq, heads, head_dim] -> [batch, seq, heads, D] in the
 // feature index order of reference/feature_map.h.
+//
+// key_mask (keys only; undefined: every key is real): bool [batch, seq], true
+// for a real key. The rows of masked keys are zero, so they drop out of
+// S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) exactly (the feature map of a
+// pad token is not zero), and performer's key stabiliser is the max over real
+// keys only, so the real keys' features equal those of the unpadded sequence.
+// Families whose features depend on positions (cosformer) and causal performer
+// are not supported with a mask (lunajit::linear_attention rejects them).
 torch::Tensor feature_map(const torch::Tensor& x, const torch::Tensor& params, const AttentionSpec& spec,
-                          FeatureRole role);
+                          FeatureRole role, const torch::Tensor& key_mask = {});
 
-// Linear attention on features: phi_q, phi_k [batch, seq, heads, D], v [batch,
-// seq, heads, dv] -> o [batch, seq, heads, dv]. Causal attention uses MATH.md's
+// Linear attention on features: phi_q [batch, seq_q, heads, D], phi_k [batch,
+// seq_k, heads, D], v [batch, seq_k, heads, dv] -> o [batch, seq_q, heads, dv]
+// (seq_q != seq_k only when not causal). Causal attention uses MATH.md's
 // chunked form with chunk size `chunk` (intra-chunk masked products plus an
 // exclusive prefix sum of per-chunk states), O(n C D + n D dv) work.
 torch::Tensor linear_attention_from_features(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
@@ -55,8 +64,13 @@ torch::Tensor linear_attention_from_features(const torch::Tensor& phi_q, const t
 
 // feature_map + linear_attention_from_features of `spec`; no input checks (the
 // caller, lunajit::linear_attention, makes them). Output in the compute dtype.
+// Causal performer instead maps the keys query i sees with the running max of
+// their stabilisers (docs/MATH.md §2), chunked with exact rescaling of the state.
+// k and v have the heads of q (grouped-query attention repeats them before);
+// key_mask as in feature_map.
 torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk = 64);
+                               const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk = 64,
+                               const torch::Tensor& key_mask = {});
 
 // The attention weights [batch, heads, seq, seq] linear attention applies
 // (reference::linear_attention_head_weights): <phi_q_i, phi_k_j>, divided by the
@@ -64,6 +78,13 @@ torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, c
 // for distillation targets and need_weights, not for the forward pass.
 torch::Tensor linear_attention_weights(const torch::Tensor& phi_q, const torch::Tensor& phi_k, bool causal,
                                        bool normalize, double eps);
+
+// The weights of `spec` on q, k [batch, seq, heads, head_dim]: the above on the
+// features, except causal performer, whose keys are mapped per query row
+// (docs/MATH.md §2) and so have no single phi_k. In the compute dtype.
+// key_mask as in feature_map: masked keys' columns are zero.
+torch::Tensor linear_attention_weights(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& params,
+                                       const AttentionSpec& spec, const torch::Tensor& key_mask = {});
 
 // Quadratic attentions of MATH.md §2 (reference/quadratic_attention.h).
 enum class QuadraticKind { softmax, yat, spherical_yat };
@@ -79,10 +100,13 @@ struct QuadraticOptions {
 };
 
 // Row-normalized weights [batch, heads, seq_q, seq_k] for q [batch, seq_q,
-// heads, d], k [batch, seq_k, heads, d]; causal masks j > i.
-torch::Tensor quadratic_weights(const torch::Tensor& q, const torch::Tensor& k, const QuadraticOptions& opts);
+// heads, d], k [batch, seq_k, heads, d]; causal masks j > i; key_mask (bool
+// [batch, seq_k], true = real key; undefined: all real) gives masked keys
+// weight zero.
+torch::Tensor quadratic_weights(const torch::Tensor& q, const torch::Tensor& k, const QuadraticOptions& opts,
+                                const torch::Tensor& key_mask = {});
 // weights applied to v [batch, seq_k, heads, dv] -> [batch, seq_q, heads, dv].
 torch::Tensor quadratic_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                  const QuadraticOptions& opts);
+                                  const QuadraticOptions& opts, const torch::Tensor& key_mask = {});
 
 }  // namespace lunajit::aten

@@ -311,7 +311,8 @@ AttentionPath resolve_path(AttentionPath requested, const torch::Device& device)
 }
 
 void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
-                                   const AttentionSpec& spec, AttentionPath path, bool check_finite) {
+                                   const AttentionSpec& spec, AttentionPath path, bool check_finite,
+                                   const Tensor& key_mask) {
   const Status valid = validate(spec);
   TORCH_CHECK(valid.ok(), "linear_attention: spec: ", valid.ok() ? "" : valid.error().message);
   const bool kernels = path == AttentionPath::host_kernels || path == AttentionPath::cuda_kernels;
@@ -329,9 +330,8 @@ void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
                 "], got shape ", shape_string(a.t));
     TORCH_CHECK(a.t.size(3) == a.dim, "linear_attention: ", a.name, ".size(3) = ", a.t.size(3), " but the spec's ",
                 a.dim_name, " is ", a.dim, " (shape ", shape_string(a.t), ")");
-    TORCH_CHECK(a.t.size(0) == q.size(0) && a.t.size(1) == q.size(1) && a.t.size(2) == q.size(2),
-                "linear_attention: ", a.name, " has [batch, seq, heads] = ", shape_string(a.t.narrow(3, 0, 0)),
-                " but q has ", shape_string(q.narrow(3, 0, 0)));
+    TORCH_CHECK(a.t.size(0) == q.size(0), "linear_attention: ", a.name, " has batch ", a.t.size(0), " but q has ",
+                q.size(0));
     TORCH_CHECK(a.t.size(1) >= 1 && a.t.size(0) >= 1 && a.t.size(2) >= 1, "linear_attention: ", a.name,
                 " has an empty batch, seq or heads dim: ", shape_string(a.t));
     TORCH_CHECK(a.t.is_floating_point(), "linear_attention: ", a.name, " must be a floating-point tensor, got ",
@@ -349,6 +349,37 @@ void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
                   a.t.scalar_type(), " but the spec's dtype is ", std::string(to_string(spec.dtype)), " (path ",
                   std::string(to_string(path)), " runs the kernels generated for spec.dtype)");
     }
+  }
+  TORCH_CHECK(v.size(1) == k.size(1) && v.size(2) == k.size(2), "linear_attention: v has [seq, heads] = [",
+              v.size(1), ", ", v.size(2), "] but k has [", k.size(1), ", ", k.size(2), "]");
+  TORCH_CHECK(q.size(2) % k.size(2) == 0, "linear_attention: k and v have ", k.size(2),
+              " heads, which does not divide q's ", q.size(2),
+              " heads (grouped-query attention needs heads_q = g * heads_kv)");
+  if (k.size(1) != q.size(1)) {
+    TORCH_CHECK(!spec.causal, "linear_attention: causal attention needs seq_q == seq_k, got seq_q = ", q.size(1),
+                " and seq_k = ", k.size(1), " (cross-attention of different lengths is non-causal only)");
+    TORCH_CHECK(spec.family != Family::cosformer, "linear_attention: family cosformer needs seq_q == seq_k, got ",
+                q.size(1), " and ", k.size(1), " (its features depend on the position and sequence length)");
+    TORCH_CHECK(!kernels, "linear_attention: path ", std::string(to_string(path)), " needs seq_q == seq_k, got ",
+                q.size(1), " and ", k.size(1), " (cross-attention of different lengths runs on path aten)");
+  }
+  if (key_mask.defined()) {
+    TORCH_CHECK(key_mask.scalar_type() == torch::kBool, "linear_attention: key_mask must be bool (true = real key, "
+                "false = padding), got ", key_mask.scalar_type());
+    TORCH_CHECK(key_mask.dim() == 2 && key_mask.size(0) == k.size(0) && key_mask.size(1) == k.size(1),
+                "linear_attention: key_mask must be [batch, seq_k] = [", k.size(0), ", ", k.size(1), "], got ",
+                shape_string(key_mask));
+    TORCH_CHECK(key_mask.device() == q.device(), "linear_attention: key_mask is on ", key_mask.device(),
+                " but q is on ", q.device());
+    TORCH_CHECK(!kernels, "linear_attention: key_mask is supported on path aten only (the kernels have no "
+                "variable-length support yet), got path ", std::string(to_string(path)),
+                "; use path aten or automatic");
+    TORCH_CHECK(spec.family != Family::cosformer, "linear_attention: key_mask is not supported for family cosformer "
+                "(its features depend on positions and the sequence length, so a padded batch would not equal "
+                "per-sequence calls); call it per sequence length");
+    TORCH_CHECK(!(spec.causal && spec.family == Family::performer), "linear_attention: key_mask is not supported "
+                "for causal performer (its running key stabiliser has no masked form yet); with right padding a "
+                "causal query never sees the pad keys after it, so no mask is needed");
   }
   if (path == AttentionPath::host_kernels)
     TORCH_CHECK(q.device().is_cpu(), "linear_attention: path host_kernels needs CPU tensors, q is on ", q.device());
@@ -389,14 +420,23 @@ void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
   }
 }
 
-Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& feature_params,
+Tensor repeat_kv_heads(const Tensor& t, int64_t heads) {
+  const int64_t g = heads / t.size(2);
+  return g == 1 ? t : t.repeat_interleave(g, 2);
+}
+
+Tensor linear_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_in, const Tensor& feature_params,
                         const AttentionSpec& spec, const LinearAttentionOptions& options) {
-  const AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
-  check_linear_attention_inputs(q, k, v, feature_params, spec, path, options.check_finite);
+  AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
+  // What the kernels do not run (key_mask, seq_k != seq_q) takes the ATen path when the caller left the choice.
+  const bool cross = q.defined() && k_in.defined() && q.dim() == 4 && k_in.dim() == 4 && q.size(1) != k_in.size(1);
+  if (options.path == AttentionPath::automatic && (options.key_mask.defined() || cross)) path = AttentionPath::aten;
+  check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite, options.key_mask);
   TORCH_CHECK(options.chunk >= 1, "linear_attention: options.chunk must be >= 1, got ", options.chunk);
+  const Tensor k = repeat_kv_heads(k_in, q.size(2)), v = repeat_kv_heads(v_in, q.size(2));
   if (path == AttentionPath::aten) {
     const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options());
-    return aten::linear_attention(q, k, v, params, spec, options.chunk).to(q.scalar_type());
+    return aten::linear_attention(q, k, v, params, spec, options.chunk, options.key_mask).to(q.scalar_type());
   }
   const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
   return KernelLinearAttention::apply(q, k, v, params, spec, options, path);

@@ -1,12 +1,21 @@
 // lunajit::linear_attention: the autograd op that puts lunajit's linear
 // attention (docs/MATH.md) into LibTorch models.
 //
-//   q, k            [batch, seq, heads, head_dim]
-//   v               [batch, seq, heads, value_dim]
+//   q               [batch, seq_q, heads, head_dim]
+//   k               [batch, seq_k, heads_kv, head_dim]
+//   v               [batch, seq_k, heads_kv, value_dim]
 //   feature_params  1-D fp32 [param_layout(spec).total_floats(spec, heads)], the
 //                   flat layout of codegen/feature_params.h (init_feature_params);
 //                   an empty tensor for elu, relu and cosformer
-//   result          [batch, seq, heads, value_dim]
+//   result          [batch, seq_q, heads, value_dim]
+//
+// Grouped-query attention: heads_kv may be fewer than heads (a divisor of it);
+// kv head j serves query heads j*g .. j*g+g-1, g = heads / heads_kv (torch SDPA's
+// enable_gqa order), computed as if k and v were repeated g times over heads (a
+// copy on every path: no memory saving yet). Cross-attention: seq_k may differ
+// from seq_q when not causal (an error for causal specs and for cosformer,
+// whose features depend on the sequence length); ATen path only.
+// key_mask (options): masked keys contribute nothing; see LinearAttentionOptions.
 //
 // Strides of batch, seq and heads are arbitrary (slices of a fused QKV projection
 // work without a copy); the last (feature) dim must have unit stride.
@@ -23,7 +32,9 @@
 //   cuda_kernels  CUDA tensors through the NVRTC-compiled kernels on the
 //                 tensor's device; compiled only when LibTorch has CUDA
 //                 (LUNAJIT_TORCH_CUDA). Same backward choice as host_kernels.
-//   automatic     cuda_kernels for CUDA tensors (when compiled in), else aten.
+//   automatic     cuda_kernels for CUDA tensors (when compiled in), else aten;
+//                 aten also for a call the kernels do not support (key_mask,
+//                 seq_k != seq_q).
 // Kernel paths need the tensors in spec.dtype and fp32 params.
 #pragma once
 
@@ -53,6 +64,17 @@ struct LinearAttentionOptions {
   // Kernel paths: gradients from the backward kernels (true) or from the ATen
   // recomputation (false; slower on a GPU, a cross-check and a fallback).
   bool kernel_backward = true;
+  // Key padding: bool [batch, seq_k], true for a real key, false for padding
+  // (the opposite of torch's key_padding_mask); undefined: every key is real.
+  // Masked keys drop out of S and z exactly (their feature rows are zeroed; the
+  // feature map of a pad token is not zero, so zero-padding keys is not the
+  // same), so a padded batch equals per-sequence calls on the real tokens, for
+  // right or left padding, causal or not (a causal query sees the real keys at
+  // or before it). Outputs at pad query positions are computed but meaningless
+  // (0 where a normalized query sees no real key). ATen path only (the kernels
+  // have no variable-length support yet); not for cosformer (position features)
+  // nor causal performer (running key stabiliser).
+  torch::Tensor key_mask;
 };
 
 // The op (see the file comment). Differentiable in q, k, v and feature_params.
@@ -69,16 +91,22 @@ torch::Tensor feature_map(const torch::Tensor& x, const torch::Tensor& feature_p
 torch::Tensor init_feature_params(const AttentionSpec& spec, int64_t heads, uint64_t seed = 0);
 
 // The TORCH_CHECKs linear_attention makes, each message naming the argument:
-// spec valid; q, k, v 4-D with matching batch/seq/heads and spec's dims;
-// floating dtypes alike (spec.dtype on kernel paths); one device; unit stride in
-// the last dim; feature_params 1-D, contiguous, of the size the spec implies;
-// optionally finite values.
+// spec valid; q, k, v 4-D with spec's dims, one batch, k and v alike in seq and
+// heads, heads_kv dividing heads, seq_k == seq_q when causal, for cosformer and
+// on kernel paths; floating dtypes alike (spec.dtype on kernel paths); one
+// device; unit stride in the last dim; feature_params 1-D, contiguous, of the
+// size the spec implies; key_mask bool [batch, seq_k] and allowed on this path
+// and spec; optionally finite values.
 void check_linear_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                    const torch::Tensor& feature_params, const AttentionSpec& spec,
-                                   AttentionPath path, bool check_finite);
+                                   AttentionPath path, bool check_finite, const torch::Tensor& key_mask = {});
 
 // The path `options.path` resolves to for tensors on `device`.
 AttentionPath resolve_path(AttentionPath requested, const torch::Device& device);
+
+// k or v [batch, seq, heads_kv, dim] repeated to `heads` heads for grouped-query
+// attention (kv head j -> heads j*g .. j*g+g-1); t itself when heads_kv == heads.
+torch::Tensor repeat_kv_heads(const torch::Tensor& t, int64_t heads);
 
 // Whether this build can run the CUDA kernel path (LibTorch with CUDA and a GPU present).
 bool cuda_kernels_available();

@@ -20,11 +20,13 @@
 //   make_multihead_attention  a factory from a spec, a family name or a
 //                             quadratic kind.
 //
-// Saving: torch::save(module, path) stores parameters and buffers; torch::load
-// needs a module constructed with the same spec and options (the spec is not
-// stored; keep its JSON beside the checkpoint, canonical_json(spec)).
+// Saving: save_safetensors / load_safetensors (below) store parameters and
+// buffers with the spec of every FeatureMap and check it on load;
+// torch::save(module, path) / torch::load also work but store no spec, so they
+// load silently into a module of another spec with the same sizes.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -72,13 +74,18 @@ FeatureMap t2r_feature_map(int64_t head_dim, int64_t heads, int64_t features = 0
 FeatureMap hedgehog_feature_map(int64_t head_dim, int64_t heads, int64_t features = 0, bool params_per_head = true,
                                 uint64_t seed = 0);
 
-// The core of an attention layer: per-head q, k [batch, seq, heads, d] and v
-// [batch, seq, heads, dv] -> [batch, seq, heads, dv].
+// The core of an attention layer: per-head q [batch, seq_q, heads, d], k
+// [batch, seq_k, heads_kv, d] and v [batch, seq_k, heads_kv, dv] -> [batch,
+// seq_q, heads, dv]. heads_kv divides heads (grouped-query attention, kv head j
+// serving query heads j*g .. j*g+g-1); seq_k != seq_q only when not causal.
+// key_mask: bool [batch, seq_k], true for real keys (undefined: all real);
+// masked keys contribute nothing (LinearAttentionOptions::key_mask).
 class AttentionCoreImpl : public torch::nn::Module {
  public:
-  virtual torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) = 0;
+  virtual torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& key_mask = {}) = 0;
   // The row-normalized (linear: as normalized by the spec) weights [batch, heads, seq_q, seq_k].
-  virtual torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k) = 0;
+  virtual torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& key_mask = {}) = 0;
   virtual bool causal() const = 0;
 };
 
@@ -86,8 +93,9 @@ class LinearAttentionImpl : public AttentionCoreImpl {
  public:
   LinearAttentionImpl(const AttentionSpec& spec, int64_t heads, LinearAttentionOptions options = {},
                       uint64_t seed = 0);
-  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) override;
-  torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k) override;
+  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& key_mask = {}) override;
+  torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& key_mask = {}) override;
   bool causal() const override { return spec_.causal; }
 
   const AttentionSpec& spec() const { return spec_; }
@@ -103,8 +111,9 @@ TORCH_MODULE(LinearAttention);
 class QuadraticAttentionImpl : public AttentionCoreImpl {
  public:
   explicit QuadraticAttentionImpl(aten::QuadraticOptions options);
-  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) override;
-  torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k) override;
+  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& key_mask = {}) override;
+  torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& key_mask = {}) override;
   bool causal() const override { return options_.causal; }
   const aten::QuadraticOptions& options() const { return options_; }
 
@@ -116,6 +125,10 @@ TORCH_MODULE(QuadraticAttention);
 struct MultiheadOptions {
   int64_t embed_dim = 256;
   int64_t num_heads = 4;
+  // Key/value heads (grouped-query attention): k_proj and v_proj project to
+  // num_kv_heads * head_dim; each kv head serves num_heads / num_kv_heads query
+  // heads. 0: num_heads (plain multi-head attention).
+  int64_t num_kv_heads = 0;
   bool bias = true;           // of the four projections
   bool dwc = false;           // o += depthwise conv (kernel dwc_kernel) of the projected V
   int64_t dwc_kernel = 5;
@@ -125,15 +138,22 @@ struct MultiheadOptions {
 // Projections, heads and DWC around any core. forward() follows
 // torch::nn::MultiheadAttention: (attn_output, attn_weights), weights averaged
 // over heads [batch, seq_q, seq_k] (or [batch, heads, seq_q, seq_k]) when
-// need_weights, else an undefined tensor. Masks: causality comes from the core;
-// key_padding_mask and attn_mask are rejected (linear attention has no
-// per-pair mask), and query/key/value must have the same sequence length.
+// need_weights, else an undefined tensor. need_weights defaults to false (unlike
+// torch's true): the weights are O(seq_q * seq_k), which the linear forward
+// avoids. key_padding_mask: bool [batch, seq_k], true for padding (torch's
+// meaning); pad keys contribute nothing, so real tokens' outputs equal those of
+// the unpadded sequence (right or left padding, causal or not; rows of pad
+// queries are meaningless). Not for cosformer nor causal performer (the op
+// rejects them). attn_mask is rejected (linear attention has no per-pair mask;
+// causality comes from the core). key and value share [seq_k, batch]; seq_k may
+// differ from query's seq_q when the core is not causal (cross-attention;
+// not with dwc, which adds a convolution of V to each query position).
 class MultiheadAttentionBaseImpl : public torch::nn::Module {
  public:
   std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& query, const torch::Tensor& key,
                                                    const torch::Tensor& value,
                                                    const torch::Tensor& key_padding_mask = {},
-                                                   bool need_weights = true, const torch::Tensor& attn_mask = {},
+                                                   bool need_weights = false, const torch::Tensor& attn_mask = {},
                                                    bool average_attn_weights = true);
   const MultiheadOptions& options() const { return options_; }
   std::shared_ptr<AttentionCoreImpl> core() const { return core_; }
@@ -182,5 +202,18 @@ std::shared_ptr<MultiheadAttentionBaseImpl> make_multihead_attention(const std::
                                                                      bool causal = false,
                                                                      LinearAttentionOptions op_options = {},
                                                                      uint64_t seed = 0);
+
+// Checkpoints as safetensors (io/safetensors.h), the format python/lunajit
+// writes too: every parameter and buffer of `module` under its dotted name
+// (named_parameters/named_buffers, e.g. "core.feature_map.params"), in its own
+// dtype, and metadata "lunajit.spec:<path>" = canonical_json(spec) for each
+// FeatureMap submodule at dotted path <path> ("" for the module itself), plus
+// `metadata`. load_safetensors checks that the file holds exactly the module's
+// tensors with the same shapes and the same spec for every FeatureMap, and
+// throws (c10::Error) naming the first difference; values are converted to each
+// tensor's dtype, so a checkpoint loads into a module moved to another dtype.
+void save_safetensors(const torch::nn::Module& module, const std::string& path,
+                      const std::map<std::string, std::string>& metadata = {});
+void load_safetensors(torch::nn::Module& module, const std::string& path);
 
 }  // namespace lunajit::nn

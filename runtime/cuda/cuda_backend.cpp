@@ -2,6 +2,8 @@
 // the dlopen'd driver.
 #include "runtime/cuda/cuda_backend.h"
 
+#include "common/input_limits.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -248,7 +250,11 @@ const CompiledKernel* CudaBackend::compiled(const LoadedModule& module) {
 
 Result<std::unique_ptr<Backend>> make_cuda_backend() {
   int ordinal = 0;
-  if (const char* env = std::getenv("LUNAJIT_CUDA_DEVICE"); env && *env) ordinal = std::atoi(env);
+  if (const char* env = std::getenv("LUNAJIT_CUDA_DEVICE"); env && *env) {
+    auto parsed = limits::parse_int("LUNAJIT_CUDA_DEVICE", env, {0, 1023});  // never atoi's silent 0
+    if (!parsed) return parsed.error();
+    ordinal = static_cast<int>(*parsed);
+  }
   auto backend = CudaBackend::create(ordinal);
   if (!backend) return backend.error();
   return std::unique_ptr<Backend>(std::move(*backend));

@@ -12,11 +12,13 @@
 // error naming the kernel, the block and the thread.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string_view>
 
 #include "common/result.h"
 #include "runtime/backend.h"
+#include "runtime/host/sanitizer.h"
 
 namespace lunajit::host {
 
@@ -24,11 +26,23 @@ namespace lunajit::host {
 // entry, which unpacks `args` (CUDA's `void* args[]`) into the kernel's parameters.
 using KernelEntryFn = void (*)(void** args);
 
+// Global memory a sanitized launch may touch (bounds check): [begin, begin + bytes).
+struct MemoryRange {
+  std::uintptr_t begin = 0;
+  std::size_t bytes = 0;
+  unsigned id = 0;  // the allocation's number, for messages ("buffer #3")
+};
+
 struct GridLaunch {
   KernelEntryFn entry = nullptr;
   void** args = nullptr;
   LaunchConfig config;
   std::string_view kernel_name;  // for error messages
+  // Sanitizers (sanitizer.h): null or all-off runs plain. The instrumented
+  // checks need `entry` from the instrumented object (host_jit.h).
+  const SanitizeOptions* sanitize = nullptr;
+  std::span<const MemoryRange> buffers = {};  // sorted by begin; for bounds
+  SanitizerReport* report = nullptr;     // findings and bank statistics, if wanted
 };
 
 // Runs every block of the grid and returns when all have finished (or the first

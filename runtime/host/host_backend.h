@@ -9,12 +9,17 @@
 // parallel on host_thread_count() OS threads.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "cache/binary_cache.h"
 #include "runtime/backend.h"
 #include "runtime/host/host_jit.h"
+#include "runtime/host/sanitizer.h"
 
 namespace lunajit {
 
@@ -44,11 +49,35 @@ class HostBackend final : public Backend {
 
   BinaryCache& cache() const { return *cache_; }
 
+  // Sanitizers (runtime/host/sanitizer.h, README "Host sanitizers") for every
+  // launch that does not name its own in LaunchConfig::host_sanitize; starts
+  // as LUNAJIT_HOST_SANITIZE (an unparsable value makes every launch fail
+  // with its error). A finding fails the launch: its Error says what, where
+  // and which line, and last_findings() holds it structured.
+  void set_sanitize(const host::SanitizeOptions& options);
+  const host::SanitizeOptions& sanitize() const { return sanitize_; }
+  const std::vector<host::SanitizerFinding>& last_findings() const { return last_findings_; }
+  // Bank statistics of the last launch with `banks` (block (0,0,0)), worst first.
+  const std::vector<host::BankSite>& last_bank_sites() const { return last_banks_; }
+  // Launches that ran with at least one check or a non-default schedule. The
+  // last_* results are those of the most recent sanitized launch.
+  std::uint64_t sanitized_launches() const { return sanitized_launches_; }
+
  protected:
   void release(DevicePtr ptr) noexcept override;
 
  private:
   BinaryCache* cache_;
+  host::SanitizeOptions sanitize_;
+  std::optional<Error> sanitize_error_;  // LUNAJIT_HOST_SANITIZE did not parse
+  std::vector<host::SanitizerFinding> last_findings_;
+  std::vector<host::BankSite> last_banks_;
+  std::uint64_t sanitized_launches_ = 0;
+  std::mutex results_mu_;  // the three above, written by sanitized launches
+  // Live allocations, for the bounds check: begin -> (bytes, number).
+  std::mutex buffers_mu_;
+  std::map<std::uintptr_t, std::pair<std::size_t, unsigned>> buffers_;
+  unsigned next_buffer_id_ = 1;
 };
 
 // The host backend on the global binary cache; make_backend("host") calls this.

@@ -5,6 +5,7 @@
 #include "runtime/host/host_jit.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <llvm/ExecutionEngine/Orc/Core.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LLVMContext.h>
+#include <llvm/Object/ObjectFile.h>
 #include <llvm/Support/Error.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
@@ -30,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "common/hash.h"
+#include "runtime/host/sanitizer_pass.h"
 #include "templates/embedded.h"
 
 namespace lunajit::host {
@@ -80,7 +83,8 @@ std::string dump_source(const KernelSource& source, const std::string& tu, const
 }
 
 // Compiles the translation unit to an object file in memory.
-Result<std::string> compile_object(const KernelSource& source, const std::string& tu, const std::string& key) {
+Result<std::string> compile_object(const KernelSource& source, const std::string& tu, const std::string& key,
+                                   bool instrumented) {
   initialize_llvm();
   auto memory = llvm::makeIntrusiveRefCnt<llvm::vfs::InMemoryFileSystem>();
   for (const EmbeddedFile& f : templates::files()) {
@@ -106,7 +110,7 @@ Result<std::string> compile_object(const KernelSource& source, const std::string
       clang::CompilerInstance::createDiagnostics(diag_options.get(), &printer, /*ShouldOwnClient=*/false);
 
   std::vector<const char*> argv{LUNAJIT_CLANG_BINARY};
-  for (const std::string& flag : host_compile_flags()) argv.push_back(flag.c_str());
+  for (const std::string& flag : host_compile_flags(instrumented)) argv.push_back(flag.c_str());
   argv.push_back("-c");
   argv.push_back(source_path.c_str());
 
@@ -125,6 +129,7 @@ Result<std::string> compile_object(const KernelSource& source, const std::string
 
   clang::CompilerInstance compiler;
   compiler.setInvocation(std::shared_ptr<clang::CompilerInvocation>(std::move(invocation)));
+  if (instrumented) compiler.getCodeGenOpts().PassBuilderCallbacks.push_back(&register_access_instrumentation);
   compiler.createDiagnostics(&printer, /*ShouldOwnClient=*/false);
   compiler.createFileManager(overlay);
   compiler.setVerboseOutputStream(llvm::nulls());  // "1 error generated." goes nowhere; the log has the errors
@@ -146,7 +151,7 @@ HostJitCounters host_jit_counters() {
   return {g_compiles.load(), g_cache_hits.load(), g_loads.load()};
 }
 
-const std::vector<std::string>& host_compile_flags() {
+const std::vector<std::string>& host_compile_flags(bool instrumented) {
   // -femulated-tls: `__shared__` is thread_local, and ORC without its runtime
   //   supports emulated TLS only.
   // -fno-exceptions: kernels throw nothing, and an abandoned fiber is never unwound.
@@ -155,7 +160,15 @@ const std::vector<std::string>& host_compile_flags() {
       "-std=c++20", "-O2", "-march=native", "-femulated-tls", "-fno-exceptions", "-fno-math-errno",
       "-DLUNAJIT_HOST_EMULATION", "-resource-dir", CLANG_RESOURCE_DIR, "-I", kTemplateDir, "-isystem", kCudaDir,
       "-Wno-unused-function"};
-  return flags;
+  static const std::vector<std::string> instrumented_flags = [] {
+    std::vector<std::string> f = flags;
+    for (const char* extra : {"-gline-tables-only", "-fno-vectorize", "-fno-slp-vectorize",
+                              "-DLUNAJIT_HOST_INSTRUMENTED=2" /* access pass version */}) {
+      f.push_back(extra);
+    }
+    return f;
+  }();
+  return instrumented ? instrumented_flags : flags;
 }
 
 std::string host_translation_unit(const KernelSource& source) {
@@ -185,13 +198,13 @@ std::string host_translation_unit(const KernelSource& source) {
   return tu;
 }
 
-std::string host_cache_key(const KernelSource& source) {
+std::string host_cache_key(const KernelSource& source, bool instrumented) {
   Hasher h;
   h.add("lunajit host object").add(LUNAJIT_VERSION).add(LUNAJIT_CLANG_VERSION);
   h.add(host_translation_unit(source));
   for (const EmbeddedFile& f : templates::files()) h.add(f.path).add(f.contents);
   for (const EmbeddedFile& f : cuda_headers::files()) h.add(f.path).add(f.contents);
-  for (const std::string& flag : host_compile_flags()) h.add(flag);
+  for (const std::string& flag : host_compile_flags(instrumented)) h.add(flag);
   // -march=native: the object is only valid for this CPU.
   static const std::string cpu = [] {
     std::vector<std::string> features;
@@ -208,6 +221,43 @@ std::string host_cache_key(const KernelSource& source) {
   return h.hex();
 }
 
+// The entry points an object defines must be exactly lunajit_entry_0 ..
+// lunajit_entry_{n-1}, checked before the object is linked: an object that is
+// not what the source asks for (a cache entry of another kernel, however it got
+// there) is never run. "" when it matches, else what is wrong.
+std::string check_exports(std::string_view object, std::size_t n) {
+  auto obj = llvm::object::ObjectFile::createObjectFile(
+      llvm::MemoryBufferRef(llvm::StringRef(object.data(), object.size()), "cached.o"));
+  if (!obj) return "not an object file: " + to_string(obj.takeError());
+  std::vector<bool> seen(n, false);
+  std::string extra;
+  for (const llvm::object::SymbolRef& sym : (*obj)->symbols()) {
+    llvm::Expected<llvm::StringRef> name = sym.getName();
+    if (!name) {
+      llvm::consumeError(name.takeError());
+      continue;
+    }
+    llvm::Expected<std::uint32_t> flags = sym.getFlags();
+    if (!flags) {
+      llvm::consumeError(flags.takeError());
+      continue;
+    }
+    if ((*flags & llvm::object::SymbolRef::SF_Undefined) != 0) continue;
+    llvm::StringRef rest = *name;
+    if (!rest.consume_front("lunajit_entry_")) continue;
+    std::size_t i = 0;
+    if (rest.getAsInteger(10, i) || i >= n) {
+      extra = name->str();
+      continue;
+    }
+    seen[i] = true;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!seen[i]) return fmt::format("it does not define lunajit_entry_{}", i);
+  if (!extra.empty()) return fmt::format("it defines {}, which this kernel source does not have", extra);
+  return "";
+}
+
 struct HostProgram::Jit {
   std::unique_ptr<llvm::orc::LLJIT> jit;
 };
@@ -215,19 +265,32 @@ struct HostProgram::Jit {
 HostProgram::HostProgram() = default;
 HostProgram::~HostProgram() = default;
 
-Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource& source, BinaryCache& cache) {
+Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource& source, BinaryCache& cache,
+                                                      bool instrumented) {
   if (source.entries.empty()) {
     return Error::invalid(fmt::format("kernel source '{}' has no entries to load", file_stem(source)));
   }
-  const std::string key = host_cache_key(source);
+  const std::string key = host_cache_key(source, instrumented);
   std::string object;
-  if (std::optional<std::string> cached = cache.get(key)) {
+  std::optional<std::string> cached = cache.get(key);
+  if (cached) {
+    if (std::string wrong = check_exports(*cached, source.entries.size()); !wrong.empty()) {
+      std::fprintf(stderr, "lunajit: warning: cached host object %s of '%s' rejected (%s); recompiling\n",
+                   key.c_str(), file_stem(source).c_str(), wrong.c_str());
+      cache.remove(key);
+      cached.reset();
+    }
+  }
+  if (cached) {
     object = std::move(*cached);
     g_cache_hits.fetch_add(1, std::memory_order_relaxed);
   } else {
-    Result<std::string> compiled = compile_object(source, host_translation_unit(source), key);
+    Result<std::string> compiled = compile_object(source, host_translation_unit(source), key, instrumented);
     if (!compiled) return compiled.error();
     object = std::move(compiled.value());
+    if (std::string wrong = check_exports(object, source.entries.size()); !wrong.empty())
+      return Error{ErrorKind::compile_failed,
+                   fmt::format("host object of '{}' is malformed: {}", file_stem(source), wrong)};
     cache.put(key, object);
   }
 

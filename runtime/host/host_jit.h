@@ -37,14 +37,17 @@ struct HostJitCounters {
 HostJitCounters host_jit_counters();
 
 // Clang's arguments, minus the driver path and the file names; part of the cache key.
-const std::vector<std::string>& host_compile_flags();
+// The instrumented variant (the host sanitizers, runtime/host/sanitizer_pass.h)
+// adds line tables, turns off the vectorizers (every access stays one visible
+// load or store) and runs the access instrumentation pass.
+const std::vector<std::string>& host_compile_flags(bool instrumented = false);
 
 // The source Clang compiles: `source.code` followed by the entry wrappers.
 std::string host_translation_unit(const KernelSource& source);
 
 // Cache key: hash of the translation unit, every embedded header, the compile
 // flags, the Clang version, the host CPU (-march=native) and "host".
-std::string host_cache_key(const KernelSource& source);
+std::string host_cache_key(const KernelSource& source, bool instrumented = false);
 
 // A loaded program: the JIT that owns the code, and one entry point per
 // KernelSource entry, in order.
@@ -57,7 +60,7 @@ class HostProgram {
   const std::vector<KernelEntryFn>& entries() const { return entries_; }
 
  private:
-  friend Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource&, BinaryCache&);
+  friend Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource&, BinaryCache&, bool);
   struct Jit;
   HostProgram();
   std::unique_ptr<Jit> jit_;
@@ -67,6 +70,7 @@ class HostProgram {
 // Compiles `source` for the host (or takes its object code from `cache`) and
 // links it. A Clang error returns ErrorKind::compile_failed with the diagnostics
 // and the path of a dumped copy of the translation unit.
-Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource& source, BinaryCache& cache);
+Result<std::unique_ptr<HostProgram>> load_host_program(const KernelSource& source, BinaryCache& cache,
+                                                      bool instrumented = false);
 
 }  // namespace lunajit::host

@@ -142,12 +142,15 @@ struct LunaFeatureMap {
 };
 
 // FAVOR+ (Performer): phi(x) = m^{-1/2} exp(omega^T x' - |x'|^2/2 - stab) + kernel_eps,
-// x' = d^{-1/4} x. Queries subtract their own max over features; keys the
-// (batch, head) max computed by key_stab_kernel before any key is mapped.
+// x' = d^{-1/4} x. Queries (is_query) subtract their own max over features;
+// keys of non-causal attention the (batch, head) max computed by key_stab_kernel
+// before any key is mapped. Causal attention maps keys in the query form too and
+// rescales them per query row (performer_causal_chunk, docs/MATH.md §2).
 template <class Opt>
 struct PerformerFeatureMap {
   static constexpr int d = Opt::d, D = Opt::features;
-  static constexpr int kScratchPerRow = 1;
+  static constexpr int kScratchPerRow = 1;  // after apply: each row's stabiliser
+  static constexpr float kKernelEps = Opt::kernel_eps;
 
   // phi <- omega^T x' - |x'|^2 / 2 (the exponent before stabilisation).
   template <int kThreads>

@@ -21,6 +21,7 @@ struct LayoutDims {
   int dv_block;   // value columns owned by a block
   int tokens;     // T (state/output/feature-map passes) or C (causal chunk)
   int threads;
+  int running_max = 0;  // 1: causal performer's per-row key stabiliser (kstab, kmax, qsum, vsum tiles)
 };
 
 // Offsets (in floats) of the tiles of one kernel's dynamic shared memory.
@@ -34,6 +35,10 @@ struct SmemLayout {
   int v;         // V tile   (tokens, dv_block)
   int scores;    // A = phi(q) phi(k)^T masked (tokens, tokens), causal only
   int den;       // denominators (tokens)
+  int kstab;     // causal performer: each key's own max s_j (tokens)
+  int kmax;      // causal performer: running max M_i of s_j over j <= i (tokens)
+  int qsum;      // causal performer: sum_f phi(q_i)_f (tokens)
+  int vsum;      // causal performer: sum of the values of earlier chunks (dv_block)
   int reduce;    // one float per thread for block reductions
   int total;     // floats
 
@@ -46,7 +51,7 @@ LUNAJIT_HOST_DEVICE constexpr int align4(int n) { return (n + 3) / 4 * 4; }
 enum class KernelKind { feature_map, key_stab, state, output, causal_chunk };
 
 LUNAJIT_HOST_DEVICE constexpr SmemLayout smem_layout(KernelKind kind, LayoutDims p) {
-  SmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  SmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   int off = 0;
   const bool has_state = kind == KernelKind::output || kind == KernelKind::causal_chunk;
   if (has_state) {
@@ -67,6 +72,12 @@ LUNAJIT_HOST_DEVICE constexpr SmemLayout smem_layout(KernelKind kind, LayoutDims
   }
   if (kind == KernelKind::output || kind == KernelKind::causal_chunk) {
     l.den = off;   off = align4(off + p.tokens);
+  }
+  if (kind == KernelKind::causal_chunk && p.running_max) {
+    l.kstab = off; off = align4(off + p.tokens);
+    l.kmax = off;  off = align4(off + p.tokens);
+    l.qsum = off;  off = align4(off + p.tokens);
+    l.vsum = off;  off = align4(off + p.dv_block);
   }
   l.reduce = off;  off = align4(off + p.threads);
   l.total = off;
@@ -91,11 +102,14 @@ struct BackwardDims {
   int tokens;       // T (non-causal) or C (causal)
   int threads;
   int param_floats; // per-head parameter floats when the family learns parameters, else 0
+  int running_max = 0;  // 1: causal performer (kstab, kmax, qsum, vsum tiles)
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
 struct BackwardSmem {
-  int state, z, x, phi_q, phi_k, dphi, v, dout, o, scores, den, r, scratch, bscratch, dx, dparams, total;
+  int state, z, x, phi_q, phi_k, dphi, v, dout, o, scores, den, r, scratch, bscratch, dx, dparams;
+  int kstab, kmax, qsum, vsum;  // causal performer: s_j, M_i, sum_f phi(q_i)_f (t each); value/g sums (dv)
+  int total;
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
 
@@ -106,7 +120,8 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   const bool queries = kind != BackwardKind::dkv;    // reads dout, o and denominators
   const bool keys = kind != BackwardKind::dstate && kind != BackwardKind::dq;
   const int t = p.tokens;
-  BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const bool running = causal && p.running_max;
   int off = 0;
   l.state = off;    off = align4(off + (needs_state ? p.D * p.dv : 0));       // S or dS (D, dv)
   l.z = off;        off = align4(off + p.D);                                  // z or dz (D)
@@ -124,6 +139,10 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   l.bscratch = off; off = align4(off + (grads ? t * p.bscratch : 0));
   l.dx = off;       off = align4(off + (grads ? t * p.d : 0));                // (t, d)
   l.dparams = off;  off = align4(off + (grads ? p.param_floats : 0));
+  l.kstab = off;    off = align4(off + (running ? t : 0));
+  l.kmax = off;     off = align4(off + (running ? t : 0));
+  l.qsum = off;     off = align4(off + (running ? t : 0));
+  l.vsum = off;     off = align4(off + (running ? p.dv : 0));
   l.total = off;
   return l;
 }
@@ -136,22 +155,24 @@ LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq,
 }
 
 // Workspace of the backward pass (floats): key stabiliser, state partials and
-// their gradients (non-causal), per-token denominators (causal), and one
-// partial parameter gradient per block that maps dphi back (slots).
+// their gradients (non-causal), per-token denominators (causal), per-token
+// running key maxima M_i (causal performer), and one partial parameter
+// gradient per block that maps dphi back (slots).
 struct BackwardWorkspace {
-  long long stab, state, dstate, den, slots, total;
+  long long stab, state, dstate, den, kmax, slots, total;
 };
 
 LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_heads, int seq, int splits, int D,
                                                                   int dv, bool causal, int tokens,
-                                                                  int param_floats) {
-  BackwardWorkspace w{0, 0, 0, 0, 0, 0};
+                                                                  int param_floats, bool running_max = false) {
+  BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0};
   const long long part = (long long)batch_heads * splits * ((long long)D * dv + D);
   w.stab = 0;
   w.state = (batch_heads + 3) / 4 * 4;
   w.dstate = w.state + (causal ? 0 : part);
   w.den = w.dstate + (causal ? 0 : part);
-  w.slots = w.den + (causal ? (long long)batch_heads * seq : 0);
+  w.kmax = w.den + (causal ? (long long)batch_heads * seq : 0);
+  w.slots = w.kmax + (causal && running_max ? (long long)batch_heads * seq : 0);
   w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens) * (long long)param_floats;
   return w;
 }

@@ -13,7 +13,9 @@
 // in split order (deterministic), maps Q and writes O.
 // Causal = causal_chunk_kernel, grid (batch*heads, dv blocks): one block walks
 // the chunks in order carrying (S, z) in shared memory ("fused chunk").
-// Performer additionally runs key_stab_kernel first (one max per batch*head).
+// Performer additionally runs key_stab_kernel first (one max per batch*head)
+// when non-causal; causal performer keeps a running max per row instead
+// (performer_causal_chunk).
 //
 // All accumulation is fp32; the products go through plain loops for now; the
 // feature map's two matrix products are where a warp-tile MMA goes next.
@@ -39,7 +41,8 @@ template <class K>
 struct KernelTraits {
   static constexpr int kNumDvBlocks = (K::dv + K::dv_block - 1) / K::dv_block;
   static LUNAJIT_HOST_DEVICE constexpr LayoutDims dims(int tokens) {
-    return LayoutDims{K::d, K::D, K::FeatureMap::kScratchPerRow, K::dv_block, tokens, K::threads};
+    return LayoutDims{K::d, K::D, K::FeatureMap::kScratchPerRow, K::dv_block, tokens, K::threads,
+                      K::performer && K::causal ? 1 : 0};
   }
   static_assert(K::FeatureMap::D == K::D, "feature dimension mismatch between spec and feature map");
   static_assert(K::threads % 32 == 0 && K::threads <= 1024, "threads must be whole warps");
@@ -242,12 +245,129 @@ __global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs a)
   }
 }
 
+// Causal performer (docs/MATH.md §2): query i maps the keys it sees with
+// M_i = max_{j<=i} s_j, s_j = max_f e_f(k_j) the key's own max, so that
+//   phi_i(k_j) = exp(s_j - M_i) (u_j - kappa) + kappa,
+// u_j = phi(k_j) mapped with its own s_j (what the query form computes). The
+// carried state sits at the level R = M of the last token before the chunk:
+//   E = sum_{j<t0} exp(s_j - R)(u_j - kappa) v_j^T, e = the same with v = 1,
+//   Vs = sum_{j<t0} v_j,  and t0 keys so far (kappa's share).
+// Every exp factor is <= 1, and no value row i reads depends on a key j > i.
+// Rows: A_ij = exp(s_j - M_i) (phi_q_i . u_j - kappa Q_i) + kappa Q_i, Q_i = sum_f phi_q_i,f
+//   o_i = (sum_j A_ij v_j + exp(R - M_i) phi_q_i^T E + kappa Q_i Vs)
+//       / (sum_j A_ij + exp(R - M_i) phi_q_i . e + kappa Q_i t0 + eps).
+template <class K>
+LUNAJIT_DEVICE void performer_causal_chunk(const ForwardArgs& a) {
+  using Tr = KernelTraits<K>;
+  constexpr int C = K::chunk, D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr float kappa = K::FeatureMap::kKernelEps;
+  constexpr SmemLayout L = smem_layout(KernelKind::causal_chunk, Tr::dims(C));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int c0 = blockIdx.y * DVB, seq = a.problem.seq;
+  float* S = smem + L.state;      // (D, DVB): E
+  float* z = smem + L.z;          // (D): e
+  float* phi_q = smem + L.phi_q;  // (C, D)
+  float* phi_k = smem + L.phi_k;  // (C, D): u_j
+  float* v = smem + L.v;          // (C, DVB)
+  float* A = smem + L.scores;     // (C, C)
+  float* den = smem + L.den;      // (C)
+  float* ks = smem + L.kstab;     // (C): s_j
+  float* km = smem + L.kmax;      // (C): M_i
+  float* qs = smem + L.qsum;      // (C): Q_i
+  float* vs = smem + L.vsum;      // (DVB): Vs
+  for (int e = threadIdx.x; e < D * DVB; e += NT) S[e] = 0.0f;
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  for (int c = threadIdx.x; c < DVB; c += NT) vs[c] = 0.0f;
+  const float* params = Tr::head_params(a.params, h);
+  typename K::T* out = static_cast<typename K::T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
+  float level = -3.402823466e38f;  // R; exp(R - M) = 0 before the first chunk, where E = e = 0
+  for (int t0 = 0; t0 < seq; t0 += C) {
+    const int valid = min(C, seq - t0);
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    for (int i = threadIdx.x; i < valid; i += NT) {
+      float s = 0.0f;
+      for (int f = 0; f < D; ++f) s += phi_q[i * D + f];
+      qs[i] = s;
+    }
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, K::dv, c0, DVB, v);
+    __syncthreads();
+    // Keys in the query form: each shifted by its own max, which apply leaves in scratch.
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    if (threadIdx.x == 0) {
+      float m = level;
+      for (int j = 0; j < valid; ++j) {
+        ks[j] = smem[L.scratch + j];
+        m = fmaxf(m, ks[j]);
+        km[j] = m;
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      A[i * C + j] = j <= i ? expf(ks[j] - km[i]) * (fm::dot(phi_q + i * D, phi_k + j * D, D) - kappa * qs[i]) +
+                                  kappa * qs[i]
+                            : 0.0f;
+    }
+    __syncthreads();
+    if constexpr (K::normalize) {
+      for (int i = threadIdx.x; i < valid; i += NT) {
+        float s = expf(level - km[i]) * fm::dot(phi_q + i * D, z, D) + kappa * qs[i] * (float)t0;
+        for (int j = 0; j <= i; ++j) s += A[i * C + j];
+        den[i] = s + K::eps;
+      }
+      __syncthreads();
+    }
+    for (int e = threadIdx.x; e < valid * DVB; e += NT) {
+      const int i = e / DVB, c = e - i * DVB;
+      if (c0 + c >= K::dv) continue;
+      float num = 0.0f;
+      for (int j = 0; j <= i; ++j) num = fmaf(A[i * C + j], v[j * DVB + c], num);
+      float carried = 0.0f;
+      for (int f = 0; f < D; ++f) carried = fmaf(phi_q[i * D + f], S[f * DVB + c], carried);
+      num = fmaf(expf(level - km[i]), carried, fmaf(kappa * qs[i], vs[c], num));
+      if constexpr (K::normalize) num /= den[i];
+      out[(long long)(t0 + i) * a.o.stride_seq + c0 + c] = from_float<typename K::T>(num);
+    }
+    __syncthreads();
+    // Move the state past this chunk, to the level of its last token.
+    const float next = km[valid - 1], rescale = expf(level - next);
+    for (int e = threadIdx.x; e < D * DVB; e += NT) {
+      const int f = e / DVB, c = e - f * DVB;
+      float s = S[e] * rescale;
+      for (int j = 0; j < valid; ++j) s = fmaf(expf(ks[j] - next) * (phi_k[j * D + f] - kappa), v[j * DVB + c], s);
+      S[e] = s;
+    }
+    for (int f = threadIdx.x; f < D; f += NT) {
+      float s = z[f] * rescale;
+      for (int j = 0; j < valid; ++j) s = fmaf(expf(ks[j] - next), phi_k[j * D + f] - kappa, s);
+      z[f] = s;
+    }
+    for (int c = threadIdx.x; c < DVB; c += NT) {
+      float s = vs[c];
+      for (int j = 0; j < valid; ++j) s += v[j * DVB + c];
+      vs[c] = s;
+    }
+    level = next;
+    __syncthreads();
+  }
+}
+
 // Causal forward, fused chunks (docs/MATH.md §1 "Chunked causal"): per chunk c
 //   A = mask(Phi_q Phi_k^T);  o = (A V + Phi_q S_<c) / (A 1 + Phi_q z_<c + eps)
 //   S += Phi_k^T V;  z += Phi_k^T 1
 // Grid (batch*heads, dv blocks); the block carries (S, z) through the sequence.
 template <class K>
 __global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardArgs a) {
+  if constexpr (K::performer) {
+    performer_causal_chunk<K>(a);
+    return;
+  }
   using Tr = KernelTraits<K>;
   constexpr int C = K::chunk, D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr SmemLayout L = smem_layout(KernelKind::causal_chunk, Tr::dims(C));

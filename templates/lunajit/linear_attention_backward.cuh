@@ -32,13 +32,14 @@ struct BackwardTraits {
   static constexpr bool kLearned = FB::kLearned;
   static constexpr int kTokens = K::causal ? K::chunk : K::block_tokens;
   static constexpr int kParamFloats = kLearned ? K::param_floats : 0;
+  static constexpr bool kRunningMax = K::performer && K::causal;  // per-row key stabiliser
   static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
     return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
-                        kParamFloats};
+                        kParamFloats, kRunningMax ? 1 : 0};
   }
   static LUNAJIT_DEVICE BackwardWorkspace workspace(const Problem& p) {
     return backward_workspace(p.batch * p.heads, p.seq, K::state_splits, K::D, K::dv, K::causal, kTokens,
-                              kParamFloats);
+                              kParamFloats, kRunningMax);
   }
 };
 
@@ -268,10 +269,259 @@ __global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs a) {
                                ((long long)(bh_count + bh) * gridDim.x + blockIdx.x) * Tr::kParamFloats);
 }
 
+// Causal performer backward (docs/MATH.md §2; the forward is performer_causal_chunk,
+// whose notation this follows). Forward scan, per chunk:
+//   dphi(q_i) = sum_{j<=i} B_ij phi_i(k_j) + exp(R - M_i)(E g_i + e r_i) + kappa (Vs . g_i + t0 r_i)
+// with B_ij = v_j . g_i + r_i; stores den_i and M_i for the reverse scan.
+template <class K>
+LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr float kappa = K::FeatureMap::kKernelEps;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  float* S = smem + L.state;
+  float* z = smem + L.z;
+  float* phi_q = smem + L.phi_q;
+  float* phi_k = smem + L.phi_k;
+  float* dphi = smem + L.dphi;
+  float* v = smem + L.v;
+  float* g = smem + L.dout;
+  float* A = smem + L.scores;
+  float* B = smem + L.scores + C * C;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* ks = smem + L.kstab;
+  float* km = smem + L.kmax;
+  float* qs = smem + L.qsum;
+  float* vs = smem + L.vsum;
+  float* dparams = smem + L.dparams;
+  for (int e = threadIdx.x; e < D * DV; e += NT) S[e] = 0.0f;
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  for (int c = threadIdx.x; c < DV; c += NT) vs[c] = 0.0f;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  float level = -3.402823466e38f;
+  for (int t0 = 0; t0 < seq; t0 += C) {
+    const int valid = min(C, seq - t0);
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    if (threadIdx.x == 0) {
+      float m = level;
+      for (int j = 0; j < valid; ++j) {
+        ks[j] = smem[L.scratch + j];
+        m = fmaxf(m, ks[j]);
+        km[j] = m;
+        a.workspace[w.kmax + (long long)bh * seq + t0 + j] = m;
+      }
+    }
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+    __syncthreads();
+    const FeatureContext ctx{params, t0, seq, 1, 0.0f};
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, ctx);
+    for (int i = threadIdx.x; i < valid; i += NT) {
+      float s = 0.0f;
+      for (int f = 0; f < D; ++f) s += phi_q[i * D + f];
+      qs[i] = s;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      A[i * C + j] = j <= i ? expf(ks[j] - km[i]) * (fm::dot(phi_q + i * D, phi_k + j * D, D) - kappa * qs[i]) +
+                                  kappa * qs[i]
+                            : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < valid; i += NT) {
+      float s = 1.0f;
+      if constexpr (K::normalize) {
+        s = expf(level - km[i]) * fm::dot(phi_q + i * D, z, D) + kappa * qs[i] * (float)t0 + K::eps;
+        for (int j = 0; j <= i; ++j) s += A[i * C + j];
+        a.workspace[w.den + (long long)bh * seq + t0 + i] = s;
+      }
+      den[i] = s;
+    }
+    __syncthreads();
+    query_gradients<K>(g, smem + L.o, den, r, valid);
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      B[i * C + j] = j <= i ? fm::dot(v + j * DV, g + i * DV, DV) + r[i] : 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * D; e += NT) {
+      const int i = e / D, f = e - i * D;
+      float carried = K::normalize ? z[f] * r[i] : 0.0f;
+      for (int c = 0; c < DV; ++c) carried = fmaf(S[f * DV + c], g[i * DV + c], carried);
+      float flat = K::normalize ? r[i] * (float)t0 : 0.0f;  // kappa's share: sum_j B_ij over earlier chunks
+      for (int c = 0; c < DV; ++c) flat = fmaf(vs[c], g[i * DV + c], flat);
+      float s = fmaf(expf(level - km[i]), carried, kappa * flat);
+      for (int j = 0; j <= i; ++j)
+        s = fmaf(B[i * C + j], expf(ks[j] - km[i]) * (phi_k[j * D + f] - kappa) + kappa, s);
+      dphi[e] = s;
+    }
+    __syncthreads();
+    const float next = km[valid - 1], rescale = expf(level - next);
+    for (int e = threadIdx.x; e < D * DV; e += NT) {
+      const int f = e / DV, c = e - f * DV;
+      float s = S[e] * rescale;
+      for (int j = 0; j < valid; ++j) s = fmaf(expf(ks[j] - next) * (phi_k[j * D + f] - kappa), v[j * DV + c], s);
+      S[e] = s;
+    }
+    for (int f = threadIdx.x; f < D; f += NT) {
+      float s = z[f] * rescale;
+      for (int j = 0; j < valid; ++j) s = fmaf(expf(ks[j] - next), phi_k[j * D + f] - kappa, s);
+      z[f] = s;
+    }
+    for (int c = threadIdx.x; c < DV; c += NT) {
+      float s = vs[c];
+      for (int j = 0; j < valid; ++j) s += v[j * DV + c];
+      vs[c] = s;
+    }
+    level = next;
+    Tr::FB::template backward<NT>(smem + L.x, phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                  smem + L.dx, dparams);
+    store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
+    __syncthreads();
+  }
+}
+
+// Causal performer, reverse scan: dk and dv. The carry of the queries after the
+// chunk sits at the level R' = M of the chunk's last token (>= s_j of its keys,
+// <= M_i of every later query):
+//   dE = sum_{i later} exp(R' - M_i) phi_q_i g_i^T,  de = the same with r_i,
+//   Gs = sum_{i later} Q_i g_i  (kappa's share, no stabiliser).
+//   du_j  = sum_{i>=j in c} B_ij exp(s_j - M_i) phi_q_i + exp(s_j - R')(dE v_j + de)
+//   dv_j  = sum_{i>=j in c} A_ij g_i + exp(s_j - R') dE^T (u_j - kappa) + kappa Gs
+// du_j is the gradient of u_j (the key in the query form), which the feature
+// map's backward maps to dk_j with s_j held (stop-gradient; s_j cancels in phi_i(k_j)).
+template <class K>
+LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& a) {
+  using Tr = BackwardTraits<K>;
+  constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
+  constexpr float kappa = K::FeatureMap::kKernelEps;
+  constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(a.problem);
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  const int bh_count = a.problem.batch * a.problem.heads;
+  float* dS = smem + L.state;
+  float* dz = smem + L.z;
+  float* phi_q = smem + L.phi_q;
+  float* phi_k = smem + L.phi_k;
+  float* dphi = smem + L.dphi;
+  float* v = smem + L.v;
+  float* g = smem + L.dout;
+  float* A = smem + L.scores;
+  float* B = smem + L.scores + C * C;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* ks = smem + L.kstab;
+  float* km = smem + L.kmax;
+  float* qs = smem + L.qsum;
+  float* gs = smem + L.vsum;
+  float* dparams = smem + L.dparams;
+  for (int e = threadIdx.x; e < D * DV; e += NT) dS[e] = 0.0f;
+  for (int f = threadIdx.x; f < D; f += NT) dz[f] = 0.0f;
+  for (int c = threadIdx.x; c < DV; c += NT) gs[c] = 0.0f;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  const float* kmax_all = a.workspace + w.kmax + (long long)bh * seq;
+  const int chunks = (seq + C - 1) / C;
+  typename K::T* dv_out = static_cast<typename K::T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
+  float level = seq > 0 ? kmax_all[seq - 1] : 0.0f;  // the carry is empty until the last chunk is done
+  for (int c_idx = chunks - 1; c_idx >= 0; --c_idx) {
+    const int t0 = c_idx * C, valid = min(C, seq - t0);
+    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+    for (int i = threadIdx.x; i < valid; i += NT) {
+      den[i] = K::normalize ? a.workspace[w.den + (long long)bh * seq + t0 + i] : 1.0f;
+      km[i] = kmax_all[t0 + i];
+    }
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    for (int i = threadIdx.x; i < valid; i += NT) {
+      float s = 0.0f;
+      for (int f = 0; f < D; ++f) s += phi_q[i * D + f];
+      qs[i] = s;
+    }
+    load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+    __syncthreads();
+    const FeatureContext ctx{params, t0, seq, 1, 0.0f};
+    K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, ctx);
+    for (int j = threadIdx.x; j < valid; j += NT) ks[j] = smem[L.scratch + j];
+    query_gradients<K>(g, smem + L.o, den, r, valid);
+    for (int e = threadIdx.x; e < valid * valid; e += NT) {
+      const int i = e / valid, j = e - i * valid;
+      const bool on = i >= j;
+      const float wij = on ? expf(ks[j] - km[i]) : 0.0f;
+      A[i * C + j] = on ? wij * (fm::dot(phi_q + i * D, phi_k + j * D, D) - kappa * qs[i]) + kappa * qs[i] : 0.0f;
+      B[i * C + j] = on ? (fm::dot(v + j * DV, g + i * DV, DV) + r[i]) * wij : 0.0f;  // B_ij exp(s_j - M_i)
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < valid * D; e += NT) {
+      const int j = e / D, f = e - j * D;
+      float s = dz[f];
+      for (int c = 0; c < DV; ++c) s = fmaf(dS[f * DV + c], v[j * DV + c], s);
+      s *= expf(ks[j] - level);
+      for (int i = j; i < valid; ++i) s = fmaf(B[i * C + j], phi_q[i * D + f], s);
+      dphi[e] = s;
+    }
+    for (int e = threadIdx.x; e < valid * DV; e += NT) {
+      const int j = e / DV, c = e - j * DV;
+      float s = 0.0f;
+      for (int f = 0; f < D; ++f) s = fmaf(dS[f * DV + c], phi_k[j * D + f] - kappa, s);
+      s = fmaf(expf(ks[j] - level), s, kappa * gs[c]);
+      for (int i = j; i < valid; ++i) s = fmaf(A[i * C + j], g[i * DV + c], s);
+      dv_out[(long long)(t0 + j) * a.dv.stride_seq + c] = from_float<typename K::T>(s);
+    }
+    __syncthreads();
+    // Add this chunk's queries to the carry, at the level of the token before it.
+    if (t0 > 0) {
+      const float prev = kmax_all[t0 - 1], rescale = expf(prev - level);
+      for (int e = threadIdx.x; e < D * DV; e += NT) {
+        const int f = e / DV, c = e - f * DV;
+        float s = dS[e] * rescale;
+        for (int i = 0; i < valid; ++i) s = fmaf(expf(prev - km[i]) * phi_q[i * D + f], g[i * DV + c], s);
+        dS[e] = s;
+      }
+      for (int f = threadIdx.x; f < D; f += NT) {
+        float s = dz[f] * rescale;
+        for (int i = 0; i < valid; ++i) s = fmaf(expf(prev - km[i]) * phi_q[i * D + f], r[i], s);
+        dz[f] = s;
+      }
+      for (int c = threadIdx.x; c < DV; c += NT) {
+        float s = gs[c];
+        for (int i = 0; i < valid; ++i) s = fmaf(qs[i], g[i * DV + c], s);
+        gs[c] = s;
+      }
+      level = prev;
+    }
+    Tr::FB::template backward<NT>(smem + L.x, phi_k, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                  smem + L.dx, dparams);
+    store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
+    __syncthreads();
+  }
+  (void)bh_count;
+}
+
 // Causal, forward scan: dq, and each token's denominator for causal_dkv_kernel.
 // Grid (batch*heads).
 template <class K>
 __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArgs a) {
+  if constexpr (K::performer) {
+    performer_causal_dq<K>(a);
+    return;
+  }
   using Tr = BackwardTraits<K>;
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
@@ -360,6 +610,10 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
 // Causal, backward scan over the chunks: dk and dv. Grid (batch*heads).
 template <class K>
 __global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardArgs a) {
+  if constexpr (K::performer) {
+    performer_causal_dkv<K>(a);
+    return;
+  }
   using Tr = BackwardTraits<K>;
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());

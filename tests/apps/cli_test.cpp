@@ -8,7 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <filesystem>
+#include <limits>
 #include <gtest/gtest.h>
+
+#include "io/safetensors.h"
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -185,6 +190,21 @@ TEST(Cli, RunCheckOnHostPasses) {
   EXPECT_LT(j["rel_rms_error"].get<double>(), 1e-5) << describe(r);  // fp32 I/O, fp32 accumulation
 }
 
+TEST(Cli, RunSanitizedOnHostSaysWhichChecksRan) {
+  const CliResult r = run_cli({"run", R"({"family":"elu","dtype":"fp32","causal":true})", "--backend", "host", "--batch",
+                               "1", "--heads", "1", "--seq", "20", "--check", "--sanitize",
+                               "race,init,bounds,sync,schedule=random:3"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "sanitizers: init,bounds,sync,race; schedule random:3: clean (")) << describe(r);
+
+  const CliResult bad = run_cli({"run", "--backend", "host", "--sanitize", "init,racecheck"});
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+  EXPECT_TRUE(contains(bad.err, "unknown check 'racecheck'")) << describe(bad);
+  const CliResult cuda = run_cli({"run", "--backend", "cuda", "--sanitize", "race"});
+  EXPECT_EQ(cuda.exit_code, 2) << describe(cuda);
+  EXPECT_TRUE(contains(cuda.err, "not cuda")) << describe(cuda);
+}
+
 TEST(Cli, RunOnCudaWithoutGpuExits1WithHint) {
   if (cuda_gpu_present()) GTEST_SKIP() << "a CUDA GPU is present: --backend cuda would run";
   const CliResult r = run_cli({"run", "--backend", "cuda"});
@@ -206,6 +226,154 @@ TEST(Cli, MissingSpecFileExits2) {
   const CliResult r = run_cli({"emit", path});
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_TRUE(contains(r.err, path)) << describe(r);
+}
+
+// ---- issue 15 regressions, each named after its finding.
+TEST(Cli, IntegersBeyond32BitsExit2NotWrapped) {
+  CliResult r = run_cli({"emit", R"({"family":"luna","head_dim":4294967360})"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "head_dim = 4294967360: must be in [1, 256]")) << describe(r);
+  r = run_cli({"emit", "--config", R"({"block_tokens": 4294967312})"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "config.block_tokens = 4294967312")) << describe(r);
+  r = run_cli({"tune", "--shapes", "1,1,99999999999"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "seq = 99999999999: must be in [1, 2147483647]")) << describe(r);
+}
+
+TEST(Cli, FloatsBeyondFloatRangeExit2) {
+  for (const char* spec : {R"({"family":"luna","eps":1e39})", R"({"family":"luna","eps":1e-320})",
+                           R"({"family":"luna","eps":1e308})", R"({"family":"performer","performer":{"kernel_eps":1e39}})"}) {
+    const CliResult r = run_cli({"emit", spec});
+    EXPECT_EQ(r.exit_code, 2) << spec << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, "must be a finite number in")) << describe(r);
+  }
+}
+
+TEST(Cli, NoTileConfigFitsExits2SayingWhatTheSmallestNeeds) {
+  const std::string spec = R"({"family":"performer","head_dim":256,"value_dim":256,"performer":{"features":2048}})";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"emit", spec, "--arch", "sm_75"}, {"compile", spec, "--arch", "sm_75"},
+        {"run", spec, "--arch", "sm_75", "--backend", "host", "--backward", "--check", "--seq", "4"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, "no tile config fits sm_75")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "sm_75 allows 65536")) << describe(r);
+  }
+}
+
+TEST(Cli, NumberOptionsNameTheOptionAndRange) {
+  for (const char* v : {"0", "abc", "99999999999"}) {
+    const CliResult r = run_cli({"run", "--seq", v});
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_TRUE(contains(r.err, "--seq")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "[1, 2147483647]")) << describe(r);
+    EXPECT_FALSE(contains(r.err, "1797693134862315")) << describe(r);
+  }
+  const CliResult seed = run_cli({"run", "--seed", "-1"});
+  EXPECT_EQ(seed.exit_code, 2) << describe(seed);
+}
+
+TEST(Cli, HugeShapesFailBeforeAllocating) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"run", "--backend", "host", "--seq", "2000000000"},
+                                              {"run", "--backend", "host", "--batch", "65535", "--heads", "65535"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_TRUE(contains(r.err, "GiB of host memory")) << describe(r);
+  }
+}
+
+TEST(Cli, InlineJsonOfTheWrongTypeIsNotAFile) {
+  const CliResult r = run_cli({"emit", "[1,2]"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "expected a JSON object, got array")) << describe(r);
+  EXPECT_FALSE(contains(r.err, "cannot be opened")) << describe(r);
+}
+
+TEST(Cli, DevZeroAsSpecFileIsRefusedAtOnce) {
+  const CliResult r = run_cli({"emit", "/dev/zero"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "not a regular file")) << describe(r);
+}
+
+TEST(Cli, JsonIsAcceptedBeforeOrAfterEveryCommand) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--json", "spec"}, {"spec", "--json"}, {"--json", "cache", "stats"},
+        {"cache", "stats", "--json"}, {"--json", "emit"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << describe(r);
+  }
+  // report and demo take it too (their --help exits 0 without work).
+  for (const char* cmd : {"report", "demo"}) {
+    const CliResult r = run_cli({cmd, "--json", "--help"});
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+  }
+}
+
+TEST(Cli, VersionAndDefaultsInHelp) {
+  const CliResult v = run_cli({"--version"});
+  EXPECT_EQ(v.exit_code, 0) << describe(v);
+  EXPECT_TRUE(contains(v.out, "lunajit 0.")) << describe(v);
+  const CliResult h = run_cli({"run", "--help"});
+  EXPECT_EQ(h.exit_code, 0) << describe(h);
+  EXPECT_TRUE(contains(h.out, "256")) << describe(h);  // --seq's default
+}
+
+TEST(Cli, DidYouMeanForCommandsAndOptions) {
+  CliResult r = run_cli({"tun"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "did you mean 'tune'")) << describe(r);
+  r = run_cli({"run", "--seqlen", "5"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "did you mean --seq")) << describe(r);
+}
+
+TEST(Cli, TinyGradientsPassWithinTheRoundingFloor) {
+  // One key: o = v whatever phi is, so the exact feature-map gradients are
+  // eps-sized differences of O(1) terms; a purely relative measure failed them.
+  const CliResult r = run_cli({"run", R"({"family":"luna","dtype":"fp32","causal":true})", "--backend", "host",
+                               "--batch", "1", "--heads", "1", "--seq", "1", "--backward", "--check"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "within the fp32 rounding floor")) << describe(r);
+}
+
+// docs/MATH.md §3a: a NaN in v at causal row j reaches rows i >= j only, never
+// hangs, and `run --inputs` counts what went in and came out.
+TEST(Cli, NonFiniteInputsPropagateCausallyAndAreCounted) {
+  namespace fs = std::filesystem;
+  using lunajit::Safetensors, lunajit::StTensor, lunajit::read_safetensors, lunajit::write_safetensors;
+  const fs::path dir = fs::temp_directory_path() / ("lunajit-cli-nan-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const int64_t B = 1, N = 24, H = 1, d = 8, j = 10;
+  std::vector<float> q(B * N * H * d), k(q.size()), v(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = 0.1f * float((i * 7) % 13) - 0.6f;
+    k[i] = 0.1f * float((i * 5) % 11) - 0.5f;
+    v[i] = 0.1f * float((i * 3) % 17) - 0.8f;
+  }
+  v[j * d + 3] = std::numeric_limits<float>::quiet_NaN();
+  Safetensors in;
+  for (auto& [name, data] : {std::pair<const char*, std::vector<float>*>{"q", &q}, {"k", &k}, {"v", &v}})
+    in.tensors.push_back(StTensor::from_floats(name, {B, N, H, d}, *data));
+  ASSERT_TRUE(write_safetensors(dir / "in.safetensors", in).ok());
+  const CliResult r = run_cli({"run", R"({"family":"elu","dtype":"fp32","causal":true,"head_dim":8})", "--backend",
+                               "host", "--inputs", (dir / "in.safetensors").string(), "--save",
+                               (dir / "out.safetensors").string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);  // non-finite in, non-finite out: the documented propagation
+  const json j_out = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j_out.is_discarded()) << describe(r);
+  EXPECT_EQ(j_out["nonfinite_inputs"].get<int64_t>(), 1) << describe(r);
+  auto out = read_safetensors(dir / "out.safetensors");
+  ASSERT_TRUE(out.ok()) << out.error().message;
+  const std::vector<float> o = out->find("o")->to_floats();
+  for (int64_t i = 0; i < N; ++i) {
+    bool finite = true;
+    for (int64_t c = 0; c < d; ++c) finite &= std::isfinite(o[i * d + c]);
+    EXPECT_EQ(finite, i < j) << "row " << i;
+  }
+  EXPECT_EQ(j_out["nonfinite_outputs"]["o"].get<int64_t>(), N - j) << describe(r);  // channel 3 of rows >= j
+  fs::remove_all(dir);
 }
 
 }  // namespace

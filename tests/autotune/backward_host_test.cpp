@@ -6,11 +6,17 @@
 // Tolerances: those of the forward (autotune/validation.h), since dq, dk, dv
 // are rounded to the I/O dtype like O and every sum is fp32.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "autotune/forward_probe.h"
 #include "autotune/validation.h"
+#include "codegen/feature_params.h"
+#include "runtime/attention_runner.h"
 #include "tests/autotune/host_cases.h"
 
 namespace lunajit {
@@ -208,6 +214,127 @@ TEST(BackwardWorkspace, FormulaPerBatchHead) {
   spec.causal = true;
   // Causal: stabiliser slot + one denominator per token + 2 parameter slots.
   EXPECT_EQ(backward_workspace_bytes_per_head(spec, c, 1000), 4 * (4 + 1000 + 2 * 1160));
+  // Causal performer (no learned parameters): also the running key max M_i per token.
+  AttentionSpec perf = default_spec(Family::performer);
+  perf.causal = true;
+  EXPECT_EQ(backward_workspace_bytes_per_head(perf, c, 1000), 4 * (4 + 1000 + 1000));
+}
+
+// ---------------------------------------------------------------- causal performer
+
+// kernel_eps and eps large enough that a key stabiliser shared by the whole
+// sequence (the old convention) moves outputs far beyond rounding, so the
+// comparison with the reference tells the conventions apart, and a leak cannot
+// hide in rounding.
+AttentionSpec leaky_performer(double kernel_eps) {
+  AttentionSpec spec = default_spec(Family::performer);
+  spec.causal = true;
+  spec.dtype = DType::fp32;
+  spec.performer.kernel_eps = kernel_eps;
+  spec.eps = 1e-3;
+  return spec;
+}
+
+// Forward and backward against the reference of the running-max convention
+// (docs/MATH.md §2), smallest and default chunks, several chunks per sequence.
+// kernel_eps = 0.01: at 0.1 the normalized dq of every performer path, the
+// untouched non-causal one included, sits at rel rms 1.2e-5 (over the 1e-5
+// tolerance) from fp32 cancellation in kernel_eps's share of dphi(q),
+// kernel_eps * sum_j (v_j . g_i + r_i), which is ~0 when o_i ~ the mean of v.
+TEST(CausalPerformerNoFutureLeak, MatchesReferenceWithLargeKernelEps) {
+  for (bool normalize : {true, false}) {
+    AttentionSpec spec = leaky_performer(0.01);
+    spec.normalize = normalize;
+    CheckOptions opt;
+    opt.shape = {1, 2, 70};
+    opt.seed = 12;
+    auto fwd = check_forward(host_backend(), spec, default_config(spec, sm90()), opt);
+    ASSERT_TRUE(fwd.ok()) << fwd.error().message;
+    EXPECT_TRUE(fwd->pass) << "forward rel rms " << fwd->rel_rms;
+    for (Which w : {Which::default_config, Which::smallest}) expect_gradients_match(spec, pick(spec, w), opt);
+  }
+}
+
+// Host-emulated kernels on inputs of our own: o and dq of rows i < j are bitwise
+// unchanged when key j (and value j) change; later rows do change. Every value
+// the kernels compute for row i < j is a function of tokens <= i only, in the
+// same order, hence exact equality rather than a tolerance.
+struct LeakRun {
+  std::vector<float> o, dq;
+};
+
+LeakRun run_kernels(const AttentionSpec& spec, const ProblemShape& s, const std::vector<float>& q,
+                    const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& dout,
+                    const std::vector<float>& params) {
+  Backend& be = host_backend();
+  auto upload = [&](const std::vector<float>& x, int dim) {
+    DeviceTensor t = make_device_tensor(be, s, dim, spec.dtype).value_or_throw();
+    be.copy_to_device(t.buf, x.data(), x.size() * sizeof(float)).value_or_throw();
+    return t;
+  };
+  const int d = spec.head_dim, dv = spec.value_dim;
+  DeviceTensor tq = upload(q, d), tk = upload(k, d), tv = upload(v, dv), tg = upload(dout, dv);
+  DeviceTensor to = make_device_tensor(be, s, dv, spec.dtype).value_or_throw();
+  DeviceTensor tdq = make_device_tensor(be, s, d, spec.dtype).value_or_throw();
+  DeviceTensor tdk = make_device_tensor(be, s, d, spec.dtype).value_or_throw();
+  DeviceTensor tdv = make_device_tensor(be, s, dv, spec.dtype).value_or_throw();
+  Buffer tp = be.allocate(params.size() * sizeof(float)).value_or_throw();
+  be.copy_to_device(tp, params.data(), params.size() * sizeof(float)).value_or_throw();
+  Buffer tdp = be.allocate(std::max<size_t>(params.size(), 1) * sizeof(float)).value_or_throw();
+  auto fwd = AttentionRunner::create(be, spec, default_config(spec, sm90()), Pass::forward).value_or_throw();
+  fwd.forward(s, tq.cref(), tk.cref(), tv.cref(), to.ref, tp.ptr()).value_or_throw();
+  auto bwd = AttentionRunner::create(be, spec, pick(spec, Which::smallest), Pass::backward).value_or_throw();
+  bwd.backward(s, tq.cref(), tk.cref(), tv.cref(), to.cref(), tg.cref(), tdq.ref, tdk.ref, tdv.ref, tp.ptr(),
+               tdp.ptr())
+      .value_or_throw();
+  be.synchronize().value_or_throw();
+  LeakRun r{std::vector<float>(v.size()), std::vector<float>(q.size())};
+  be.copy_to_host(r.o.data(), to.buf, r.o.size() * sizeof(float)).value_or_throw();
+  be.copy_to_host(r.dq.data(), tdq.buf, r.dq.size() * sizeof(float)).value_or_throw();
+  return r;
+}
+
+TEST(CausalPerformerNoFutureLeak, PerturbingKeyJLeavesEarlierRowsBitwiseEqual) {
+  const AttentionSpec spec = leaky_performer(0.1);
+  const ProblemShape s{1, 2, 70};
+  const int d = spec.head_dim, dv = spec.value_dim;
+  std::mt19937_64 gen(31);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto draw = [&](size_t n) {
+    std::vector<float> x(n);
+    for (float& e : x) e = dist(gen);
+    return x;
+  };
+  const int64_t rows = int64_t(s.batch) * s.seq * s.heads;
+  const std::vector<float> q = draw(rows * d), k = draw(rows * d), v = draw(rows * dv), g = draw(rows * dv);
+  const std::vector<float> params = init_params(spec, s.heads, 4);
+  const LeakRun base = run_kernels(spec, s, q, k, v, g, params);
+  const ParamLayout layout = param_layout(spec);
+  const int64_t omega = layout.find("omega")->offset;
+  // j inside a chunk, at a chunk start of the smallest backward config, and late.
+  for (int j : {5, 16, 61}) {
+    std::vector<float> k2 = k, v2 = v;
+    for (int h = 0; h < s.heads; ++h) {
+      // k_j' = omega_0: the largest exponent any key can reach, so s_j becomes the max.
+      const int64_t row = (int64_t(j) * s.heads + h);
+      const int64_t base_p = (spec.params_per_head ? h * layout.per_head_floats : 0) + omega;
+      for (int c = 0; c < d; ++c) k2[row * d + c] = std::pow(float(d), 0.25f) * params[base_p + c];
+      for (int c = 0; c < dv; ++c) v2[row * dv + c] += 1.0f;
+    }
+    const LeakRun pert = run_kernels(spec, s, q, k2, v2, g, params);
+    bool later_changed = false;
+    for (int i = 0; i < s.seq; ++i)
+      for (int h = 0; h < s.heads; ++h) {
+        const int64_t row = int64_t(i) * s.heads + h;
+        for (int c = 0; c < dv; ++c) {
+          if (i < j) EXPECT_EQ(pert.o[row * dv + c], base.o[row * dv + c]) << "o row " << i << " key " << j;
+          else later_changed |= pert.o[row * dv + c] != base.o[row * dv + c];
+        }
+        for (int c = 0; c < d && i < j; ++c)
+          EXPECT_EQ(pert.dq[row * d + c], base.dq[row * d + c]) << "dq row " << i << " key " << j;
+      }
+    EXPECT_TRUE(later_changed) << "key " << j << " changed nothing: the test would be vacuous";
+  }
 }
 
 }  // namespace

@@ -262,6 +262,60 @@ TEST(TunerSelection, SecondTuneIsServedFromTheDatabaseWithZeroCompiles) {
   }
 }
 
+// Issue 15: a stopped tune had saved nothing, and the terminal counter could
+// go backwards (3/5 then 2/5) because the count was taken outside the lock.
+TEST(TunerProgress, TuneSavesEachShapeAsItCompletesAndResumesWhereItLeftOff) {
+  TempDir dir;
+  TuningDb db(dir.path(), model_fingerprint(sm90()));
+  TuneOptions opt;
+  opt.arch = sm90();
+  opt.shapes = {{2, 4, 512}, {1, 8, 3000}};
+  opt.passes = {Pass::forward};
+  opt.max_candidates = 4;
+  opt.threads = 4;
+  opt.check_options.shape = {1, 2, 40};
+  std::map<std::string, size_t> last;  // stage -> last count reported
+  int backwards = 0;
+  opt.progress = [&](const TuneProgress& p) {
+    size_t& l = last[p.stage];
+    if (p.done < l && l != p.total) ++backwards;
+    l = p.done;
+  };
+  std::vector<size_t> on_disk_when_reported;
+  opt.on_result = [&](const TuneResult& r) {
+    // What a process started now (or after this one is killed) would read.
+    on_disk_when_reported.push_back(TuningDb(dir.path(), model_fingerprint(sm90())).entries().size());
+    EXPECT_TRUE(r.saved);
+    EXPECT_FALSE(r.tuned_at.empty());
+  };
+  auto first = Tuner(db, host(), opt).tune(relu_spec());
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_EQ(backwards, 0);
+  EXPECT_EQ(on_disk_when_reported, (std::vector<size_t>{1, 2})) << "each shape is stored as soon as it is decided";
+
+  // As if the tune had been stopped after the first shape: the second shape's
+  // entry is gone. A rerun with a third shape serves the first from the
+  // database (saying so through on_result) and tunes only the rest.
+  TuningDb stopped(dir.path(), model_fingerprint(sm90()));
+  {
+    std::vector<TuningEntry> keep;
+    for (const auto& e : stopped.entries())
+      if (e.key == (*first)[0].key) keep.push_back(e);
+    ASSERT_EQ(keep.size(), 1u);
+    ASSERT_EQ(clear_tuning(dir.path()).removed, 1);
+    TuningDb fresh(dir.path(), model_fingerprint(sm90()));
+    ASSERT_TRUE(fresh.store(keep).ok());
+  }
+  TuningDb resumed(dir.path(), model_fingerprint(sm90()));
+  opt.shapes = {{2, 4, 512}, {1, 8, 3000}, {1, 1, 100000}};
+  std::vector<bool> from_db;
+  opt.on_result = [&](const TuneResult& r) { from_db.push_back(r.from_db); };
+  auto second = Tuner(resumed, host(), opt).tune(relu_spec());
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  EXPECT_EQ(from_db, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(TuningDb(dir.path(), model_fingerprint(sm90())).entries().size(), 3u);
+}
+
 TEST(ChooseConfig, ExactNearestDefaultAndWarmPathTime) {
   TempDir dir;
   TuningDb db(dir.path(), model_fingerprint(sm90()));

@@ -48,9 +48,11 @@ TEST(LinearAttention, HandComputedReluCase) {
   EXPECT_NEAR(raw->out[1], 1.0, 1e-15);
 }
 
-// Causal row t equals non-causal attention over the first t+1 tokens. cosformer's
-// features depend on the sequence length, so it is checked per head on features
-// below; performer keeps the full sequence's key stabilizer (frozen).
+// Causal row t equals non-causal attention over the first t+1 tokens, every
+// stabilizer recomputed on the prefix: the defining property of the causal
+// performer convention (MATH.md §2: query t shifts its keys by the max over the
+// keys it sees). cosformer's features depend on the sequence length, so it is
+// checked per head on features below.
 TEST(LinearAttention, CausalEqualsNonCausalOnPrefixes) {
   for (const SpecCase& c : all_spec_cases()) {
     if (c.spec.family == Family::cosformer) continue;
@@ -65,11 +67,9 @@ TEST(LinearAttention, CausalEqualsNonCausalOnPrefixes) {
       spec.causal = false;
       for (int len = 1; len <= p.shape.seq; ++len) {
         const AttentionShape ps{p.shape.batch, len, p.shape.heads};
-        Stabilizers stab{prefix(causal->stab.query, {p.shape.batch * p.shape.heads, p.shape.seq, 1}, 1, len),
-                         causal->stab.key};
         Result<ForwardResult> pre = linear_attention_forward(
             spec, ps, prefix(p.q, p.shape, spec.head_dim, len), prefix(p.k, p.shape, spec.head_dim, len),
-            prefix(p.v, p.shape, spec.value_dim, len), p.params, &stab);
+            prefix(p.v, p.shape, spec.value_dim, len), p.params);
         ASSERT_TRUE(pre.ok()) << c.name << ": " << pre.error().message;
         std::vector<double> got, want;
         for (int b = 0; b < p.shape.batch; ++b)
@@ -82,6 +82,91 @@ TEST(LinearAttention, CausalEqualsNonCausalOnPrefixes) {
       }
     }
   }
+}
+
+// Sets key (b, j, h) to x' = omega_0 of its head, the input that maximizes
+// e_0 = omega_0 . x' - |x'|^2/2 (at |omega_0|^2/2): it becomes the largest key
+// stabilizer of the sequence.
+void make_dominant_key(Problem& p, int b, int j, int h) {
+  const ParamLayout layout = param_layout(p.spec);
+  const int64_t base = (p.spec.params_per_head ? h * layout.per_head_floats : 0) + layout.find("omega")->offset;
+  const double scale = std::pow(double(p.spec.head_dim), 0.25);  // x = d^{1/4} x'
+  for (int c = 0; c < p.spec.head_dim; ++c) p.k[p.shape.row(b, j, h) * p.spec.head_dim + c] = scale * p.params[base + c];
+}
+
+// Causal performer: changing key (and value) j leaves outputs i < j bitwise
+// unchanged. The perturbation makes k_j the dominant key, so under a stabilizer
+// shared by all keys every earlier output would move by O(kernel_eps) relative,
+// far above rounding; with the running max M_i no value computed for rows i < j
+// depends on k_j at all, hence exact equality. kernel_eps = 0.1 and eps = 1e-3
+// make any leak large.
+TEST(LinearAttention, CausalPerformerNoFutureLeak) {
+  AttentionSpec spec = small_spec(Family::performer);
+  spec.causal = true;
+  spec.performer.kernel_eps = 0.1;
+  spec.eps = 1e-3;
+  for (bool normalize : {true, false}) {
+    spec.normalize = normalize;
+    const Problem p = make_problem(spec, {2, 7, 2}, 21);
+    Result<ForwardResult> base = linear_attention_forward(spec, p.shape, p.q, p.k, p.v, p.params);
+    ASSERT_TRUE(base.ok()) << base.error().message;
+    Result<Gradients> gbase = linear_attention_backward(spec, p.shape, p.q, p.k, p.v, p.params, p.dout);
+    ASSERT_TRUE(gbase.ok()) << gbase.error().message;
+    for (int j = 1; j < p.shape.seq; ++j) {
+      Problem q = p;
+      for (int b = 0; b < p.shape.batch; ++b)
+        for (int h = 0; h < p.shape.heads; ++h) {
+          make_dominant_key(q, b, j, h);
+          for (int c = 0; c < spec.value_dim; ++c) q.v[p.shape.row(b, j, h) * spec.value_dim + c] += 1.0;
+        }
+      Result<ForwardResult> pert = linear_attention_forward(spec, q.shape, q.q, q.k, q.v, q.params);
+      ASSERT_TRUE(pert.ok());
+      Result<Gradients> gpert = linear_attention_backward(spec, q.shape, q.q, q.k, q.v, q.params, q.dout);
+      ASSERT_TRUE(gpert.ok());
+      bool later_changed = false;
+      for (int b = 0; b < p.shape.batch; ++b)
+        for (int h = 0; h < p.shape.heads; ++h)
+          for (int i = 0; i < p.shape.seq; ++i) {
+            for (int c = 0; c < spec.value_dim; ++c) {
+              const int64_t at = p.shape.row(b, i, h) * spec.value_dim + c;
+              if (i < j) EXPECT_EQ(pert->out[at], base->out[at]) << "o row " << i << " moved with key " << j;
+              else later_changed |= pert->out[at] != base->out[at];
+            }
+            // dq_i depends on keys j' <= i only.
+            for (int c = 0; c < spec.head_dim && i < j; ++c) {
+              const int64_t at = p.shape.row(b, i, h) * spec.head_dim + c;
+              EXPECT_EQ(gpert->dq[at], gbase->dq[at]) << "dq row " << i << " moved with key " << j;
+            }
+          }
+      EXPECT_TRUE(later_changed) << "perturbing key " << j << " changed nothing: the test is vacuous";
+    }
+  }
+}
+
+// The previous convention (one key max over the whole sequence) leaks: the same
+// perturbation moves earlier rows. Shows the test above can fail.
+TEST(LinearAttention, SharedKeyStabilizerLeaksIntoEarlierRows) {
+  AttentionSpec spec = small_spec(Family::performer);
+  spec.causal = true;
+  spec.performer.kernel_eps = 0.1;
+  const Problem p = make_problem(spec, {1, 5, 1}, 21);
+  Problem q = p;
+  make_dominant_key(q, 0, 4, 0);
+  Result<ForwardResult> base = linear_attention_forward(spec, p.shape, p.q, p.k, p.v, p.params);
+  Result<ForwardResult> pert = linear_attention_forward(spec, q.shape, q.q, q.k, q.v, q.params);
+  ASSERT_TRUE(base.ok() && pert.ok());
+  // Freeze the perturbed run's running key max at its last (global) value for every row.
+  Stabilizers shared = pert->stab;
+  std::fill(shared.key_running.begin(), shared.key_running.end(), shared.key[0]);
+  Stabilizers shared_base = base->stab;
+  std::fill(shared_base.key_running.begin(), shared_base.key_running.end(), shared_base.key[0]);
+  Result<ForwardResult> old_base = linear_attention_forward(spec, p.shape, p.q, p.k, p.v, p.params, &shared_base);
+  Result<ForwardResult> old_pert = linear_attention_forward(spec, q.shape, q.q, q.k, q.v, q.params, &shared);
+  ASSERT_TRUE(old_base.ok() && old_pert.ok());
+  // Row 3 sees keys 0..3 (row 0 sees one key, whose weight normalizes to ~1 whatever the shift).
+  const int64_t at = 3 * spec.value_dim;
+  EXPECT_GT(std::abs(old_pert->out[at] - old_base->out[at]), 1e-3 * std::abs(old_base->out[at]));
+  EXPECT_EQ(pert->out[at], base->out[at]);
 }
 
 // Random positive features (a stand-in for any family, cosformer included).
@@ -207,7 +292,7 @@ TEST(LinearAttention, RejectsWrongSizes) {
   Result<Gradients> g = linear_attention_backward(spec, p.shape, p.q, p.k, p.v, p.params, p.q);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.error().message.find("dout"), std::string::npos) << g.error().message;
-  Stabilizers bad{{1.0}, {1.0}};
+  Stabilizers bad{{1.0}, {1.0}, {1.0}};
   Result<ForwardResult> s = linear_attention_forward(spec, p.shape, p.q, p.k, p.v, p.params, &bad);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("stabilizers"), std::string::npos) << s.error().message;

@@ -333,6 +333,39 @@ TEST_F(ReportFiles, ValidatesAgainstTheSchema) {
   EXPECT_EQ(run(fmt::format("{} {} {} {} 2>/dev/null", py, script, schema.string(), bad_path.string())), 1);
 }
 
+// --bank-profile: the host-profiled bank conflicts, valid against the schema,
+// in the Markdown, and non-trivial for the causal kernels (the dot products over
+// rows of phi tiles are strided by D floats: many lanes on one bank).
+TEST(ReportBanks, HostProfiledTableValidatesAndNamesTheWorstSites) {
+  const fs::path dir = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("banks-{}", ::getpid());
+  fs::remove_all(dir);
+  ReportOptions opt;
+  opt.archs.push_back(arch_from_sm(90).value_or_throw());
+  opt.shapes = parse_shapes("1,1,40").value_or_throw();
+  opt.causal = CausalVariants::both;
+  opt.compile = false;
+  opt.measure = false;
+  opt.bank_profile = true;
+  AttentionSpec spec = default_spec(Family::elu);  // small kernels: the test stays quick
+  auto r = build_report(spec, opt);
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_TRUE(r->contains("bank_conflicts")) << r->dump(1);
+  const json& b = r->at("bank_conflicts");
+  EXPECT_EQ(b.at("shape").at("seq").get<int>(), 40);
+  EXPECT_GT(b.at("total_wavefronts").get<std::uint64_t>(), b.at("conflict_free_wavefronts").get<std::uint64_t>());
+  ASSERT_FALSE(b.at("sites").empty());
+  const json& worst = b.at("sites")[0];
+  EXPECT_GT(worst.at("wavefronts").get<std::uint64_t>(), worst.at("conflict_free_wavefronts").get<std::uint64_t>());
+  ASSERT_TRUE(write_report(*r, dir));
+  const std::string md = slurp(dir / "report.md");
+  EXPECT_NE(md.find("## Shared-memory bank conflicts (host-profiled)"), std::string::npos);
+  EXPECT_NE(md.find(worst.at("site").get<std::string>()), std::string::npos);
+  const fs::path schema = fs::path(LUNAJIT_SOURCE_DIR) / "docs/report_schema.json";
+  const std::string script = fs::path(LUNAJIT_SOURCE_DIR) / "tests/report/validate_report.py";
+  EXPECT_EQ(run(fmt::format("{} {} {} {}", LUNAJIT_PYTHON3, script, schema.string(), (dir / "report.json").string())), 0);
+  fs::remove_all(dir);
+}
+
 TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
   const json& r = report_;
   EXPECT_EQ(r["schema_version"], kReportSchemaVersion);
@@ -601,6 +634,26 @@ TEST(ReportCli, WritesReportAndCompare) {
                             (base / "y").string())), 2);
 }
 
+// Issue 15: `report compare` of a directory, a tuning database or a report
+// missing fields was an internal error; each is exit 2 naming the file.
+TEST(ReportCompare, RejectsADirectoryATuningDbAndAnIncompleteReport) {
+  const fs::path base = fs::path(LUNAJIT_REPORT_TEST_DIR) / "compare-bad";
+  fs::remove_all(base);
+  fs::create_directories(base / "dir");
+  std::ofstream(base / "db.json") << R"({"schema": 1, "entries": []})";
+  std::ofstream(base / "partial.json") << R"({"schema": "lunajit.report", "schema_version": 1, "kernels": []})";
+  std::ofstream(base / "schema_number.json") << R"({"schema": 7})";
+  for (const fs::path& p : {base / "dir", base / "db.json", base / "partial.json", base / "schema_number.json"}) {
+    auto r = read_report_file(p);
+    ASSERT_FALSE(r.ok()) << p;
+    EXPECT_EQ(r.error().kind, ErrorKind::invalid_argument) << r.error().message;
+    EXPECT_NE(r.error().message.find(p.string()), std::string::npos) << r.error().message;
+  }
+  const std::string cli = LUNAJIT_CLI;
+  for (const char* f : {"dir", "db.json", "partial.json"})
+    EXPECT_EQ(run(fmt::format("{} report compare {} --out {} 2>/dev/null", cli, (base / f).string(),
+                              (base / "out").string())), 2) << f;
+}
 
 // The reader of `report compare` (report/report_reader.h): what write_report
 // writes is accepted; a field the comparison reads that is missing or of the

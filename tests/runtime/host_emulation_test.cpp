@@ -434,6 +434,39 @@ TEST(HostJit, CacheKeyCoversCodeAndEntries) {
   EXPECT_NE(host::host_cache_key(a), host::host_cache_key(c));
 }
 
+// Issue 15: an entry is verified to export the kernels its source asks for
+// before it is linked. (An entry copied over another key's file is caught by
+// the key in its header, cache/binary_cache.h; this is the second line: an
+// entry stored under the right key whose object is another kernel's.)
+TEST(HostJit, CachedObjectOfAnotherKernelIsRejectedBeforeLinking) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                              ("lunajit-host-test-" + std::to_string(std::random_device{}()));
+  BinaryCache cache(dir);
+  HostBackend backend(&cache);
+  const KernelSource single = host_cache_test_kernel(dir.filename().string());
+  const KernelSource multi = host_test_kernels();
+  ASSERT_GT(multi.entries.size(), 1u);
+  ASSERT_TRUE(backend.load(multi).ok());
+  const std::optional<std::string> multi_object = cache.get(host::host_cache_key(multi));
+  ASSERT_TRUE(multi_object.has_value());
+  cache.remove(host::host_cache_key(single));
+  cache.put(host::host_cache_key(single), *multi_object);  // wrong object, right key
+  const host::HostJitCounters before = host::host_jit_counters();
+  ::testing::internal::CaptureStderr();
+  auto m = backend.load(single);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_NE(err.find("cached host object " + host::host_cache_key(single)), std::string::npos) << err;
+  EXPECT_TRUE(std::regex_search(
+      err, std::regex(R"(rejected \(it defines lunajit_entry_[1-9][0-9]*, which this kernel source does not have\); )"
+                      R"(recompiling)")))
+      << err;
+  EXPECT_EQ(host::host_jit_counters().compiles, before.compiles + 1) << "recompiled";
+  // The recompiled object replaced the wrong one.
+  EXPECT_NE(cache.get(host::host_cache_key(single)).value_or(""), *multi_object);
+  std::filesystem::remove_all(dir);
+}
+
 // ---- backend selection and buffers ------------------------------------------------
 
 TEST(BackendSelection, HostAndInvalidKinds) {

@@ -151,6 +151,39 @@ TEST_F(NvrtcTest, SecondCompileIsACacheHitWithoutNvrtc) {
   EXPECT_EQ(nvrtc_invocations(), calls + 3);
 }
 
+// Issue 15: a cached CUBIN must export the kernels its source asks for (the
+// recorded names, each lowered name present in the CUBIN) before it is
+// launched. An entry copied over another key's file is caught earlier, by the
+// key in the entry header (tests/cache); this is an entry under the right key
+// holding another source's kernels.
+TEST_F(NvrtcTest, CachedCubinOfAnotherKernelSetIsRejectedAndRecompiled) {
+  const KernelSource full = test::small_kernels("nvrtc_test_names_full");
+  KernelSource fewer = test::small_kernels("nvrtc_test_names_fewer");
+  ASSERT_GT(fewer.entries.size(), 1u);
+  fewer.entries.pop_back();
+  auto a = compile_nvrtc(full, arch(90), opts_);
+  auto b = compile_nvrtc(fewer, arch(90), opts_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::optional<std::string> fewer_payload = cache_->get(b->cache_key);
+  ASSERT_TRUE(fewer_payload.has_value());
+  ASSERT_TRUE(cache_->remove(a->cache_key));
+  cache_->put(a->cache_key, *fewer_payload);  // the right key, another kernel set
+  const auto calls = nvrtc_invocations();
+  ::testing::internal::CaptureStderr();
+  auto again = compile_nvrtc(full, arch(90), opts_);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_FALSE(again->from_cache);
+  EXPECT_EQ(nvrtc_invocations(), calls + 1);
+  EXPECT_EQ(again->lowered_names.size(), full.entries.size());
+  EXPECT_NE(err.find("cached CUBIN " + a->cache_key), std::string::npos) << err;
+  EXPECT_NE(err.find("rejected (a different number of kernels); recompiling"), std::string::npos) << err;
+  // And the recompiled entry is served from the cache again.
+  auto third = compile_nvrtc(full, arch(90), opts_);
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(third->from_cache);
+}
+
 TEST_F(NvrtcTest, CacheCanBeBypassed) {
   NvrtcOptions o;
   o.use_cache = false;

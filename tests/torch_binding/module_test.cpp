@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "codegen/feature_params.h"
+#include "plain_composition.h"
 #include "reference/quadratic_attention.h"
 #include "torch_binding/modules.h"
 
@@ -105,7 +107,10 @@ TEST(MultiheadLinearAttentionModule, HasTorchMultiheadAttentionsInterface) {
   MultiheadLinearAttention ours(o, spec_of(R"({"family": "luna", "head_dim": 8, "dtype": "fp32"})"));
   const Tensor x = torch::randn({6, 2, 32});
   EXPECT_EQ(self_attend(torch_mha, x).sizes(), self_attend(ours, x).sizes());
-  auto [out, w] = ours->forward(x, x, x);  // need_weights defaults to true, like torch's
+  auto [out0, none] = ours->forward(x, x, x);  // need_weights defaults to false (torch's: true)
+  EXPECT_FALSE(none.defined());
+  auto [out, w] = ours->forward(x, x, x, {}, true);
+  EXPECT_TRUE(torch::equal(out0, out));
   EXPECT_EQ(w.sizes(), (std::vector<int64_t>{2, 6, 6}));
   auto [out2, w_heads] = ours->forward(x, x, x, {}, true, {}, false);
   EXPECT_EQ(w_heads.sizes(), (std::vector<int64_t>{2, 4, 6, 6}));
@@ -134,7 +139,7 @@ TEST(MultiheadLinearAttentionModule, CausalOutputIgnoresTheFuture) {
   o.embed_dim = 16;
   o.num_heads = 2;
   o.dwc = true;
-  for (const char* kind : {"luna", "softmax", "yat", "spherical_yat"}) {
+  for (const char* kind : {"luna", "performer", "softmax", "yat", "spherical_yat"}) {
     SCOPED_TRACE(kind);
     auto m = make_multihead_attention(kind, o, true);
     Tensor x = torch::randn({8, 2, 16});
@@ -143,6 +148,21 @@ TEST(MultiheadLinearAttentionModule, CausalOutputIgnoresTheFuture) {
     const Tensor y2 = std::get<0>(m->forward(x, x, x, {}, false));
     EXPECT_TRUE(torch::allclose(y.narrow(0, 0, 7), y2.narrow(0, 0, 7), 1e-5, 1e-5));
   }
+}
+
+// Causal performer maps keys per query row (docs/MATH.md §2): weights() must be
+// the matrix forward() applies, o = A v, with a kernel_eps large enough that the
+// old one-max-per-sequence key features would give other weights.
+TEST(LinearAttentionModule, CausalPerformerWeightsAreWhatTheForwardApplies) {
+  AttentionSpec spec = spec_of(R"({"family": "performer", "head_dim": 8, "value_dim": 8, "dtype": "fp32",
+                                   "causal": true, "performer": {"features": 6, "kernel_eps": 0.1}})");
+  LinearAttention core(spec, 2);
+  torch::manual_seed(3);
+  const Tensor q = torch::randn({1, 9, 2, 8}), k = torch::randn({1, 9, 2, 8}), v = torch::randn({1, 9, 2, 8});
+  const Tensor o = core->forward(q, k, v);
+  const Tensor A = core->weights(q, k);  // [B, H, N, N]
+  EXPECT_TRUE(torch::allclose(torch::einsum("bhij,bjhd->bihd", {A, v}), o, 1e-5, 1e-5));
+  EXPECT_EQ(A.triu(1).abs().max().item<double>(), 0.0);
 }
 
 TEST(QuadraticAttentionModule, MatchesDoubleReference) {
@@ -238,15 +258,125 @@ TEST(ModuleBadInputs, AreRejectedWithTheirMessages) {
   o.num_heads = 2;
   auto m = make_multihead_attention("luna", o);
   const Tensor x = torch::randn({5, 2, 16});
-  expect_rejected([&] { m->forward(x, x, x, torch::zeros({2, 5}, torch::kBool)); }, "key_padding_mask is not supported");
+  expect_rejected([&] { m->forward(x, x, x, torch::zeros({2, 5})); }, "key_padding_mask must be bool (true = padding)");
+  expect_rejected([&] { m->forward(x, x, x, torch::zeros({2, 4}, torch::kBool)); },
+                  "key_padding_mask must be [batch, seq_k] = [2, 5]");
   expect_rejected([&] { m->forward(x, x, x, {}, false, torch::zeros({5, 5})); }, "attn_mask is not supported");
   expect_rejected([&] { m->forward(torch::randn({5, 2, 8}), x, x); }, "query, key and value must be [seq, batch, 16]");
-  expect_rejected([&] { m->forward(x, x.narrow(0, 0, 4), x.narrow(0, 0, 4)); }, "must have the same shape");
+  expect_rejected([&] { m->forward(x, x.narrow(0, 0, 4), x); }, "key and value must have the same shape");
+  expect_rejected([&] { m->forward(x, x.narrow(1, 0, 1), x.narrow(1, 0, 1)); }, "with query's batch");
+  auto causal = make_multihead_attention("luna", o, true);
+  expect_rejected([&] { causal->forward(x, x.narrow(0, 0, 4), x.narrow(0, 0, 4)); },
+                  "a causal core needs key and value as long as query (seq 5), got seq_k = 4");
+  auto cosformer = make_multihead_attention("cosformer", o);
+  expect_rejected([&] { cosformer->forward(x, x, x, torch::zeros({2, 5}, torch::kBool)); },
+                  "key_mask is not supported for family cosformer");
+  o.num_kv_heads = 3;
+  expect_rejected([&] { make_multihead_attention("luna", o); }, "num_kv_heads (3) must divide num_heads (2)");
+  o.num_kv_heads = 1;
+  o.dwc = true;
+  expect_rejected([&] { make_multihead_attention("luna", o); }, "dwc needs num_kv_heads == num_heads");
+  o.num_kv_heads = 0;
+  o.dwc = false;
   o.num_heads = 3;
   expect_rejected([&] { make_multihead_attention("softmax", o); }, "must be a multiple of num_heads");
   o.num_heads = 2;
   expect_rejected([&] { MultiheadLinearAttention(o, spec_of(R"({"family": "luna", "head_dim": 4})")); },
                   "must both be embed_dim / num_heads");
+}
+
+// ---- key padding, GQA, cross-attention -------------------------------------
+
+// [seq 6, batch 3] with batch 0 full, 1 right-padded to 3 tokens, 2 left-padded to 2.
+constexpr int64_t kStart[3] = {0, 0, 4}, kLen[3] = {6, 3, 2};
+Tensor padding_mask() {  // torch's meaning: true = padding
+  Tensor pad = torch::ones({3, 6}, torch::kBool);
+  for (int b = 0; b < 3; ++b) pad[b].narrow(0, kStart[b], kLen[b]).fill_(false);
+  return pad;
+}
+
+TEST(MultiheadKeyPadding, PaddedBatchEqualsPerSequenceCallsAndIgnoresPads) {
+  MultiheadOptions o;
+  o.embed_dim = 16;
+  o.num_heads = 2;
+  for (const char* kind : {"luna", "performer", "hedgehog", "softmax"})
+    for (bool causal : {false, true})
+      for (bool dwc : {false, true}) {
+        if (causal && std::string(kind) == "performer") continue;  // rejected: ModuleBadInputs
+        o.dwc = dwc;
+        torch::manual_seed(3);
+        auto m = make_multihead_attention(kind, o, causal);
+        const std::string what = fmt::format("{} causal={} dwc={}", kind, causal, dwc);
+        const Tensor x = torch::randn({6, 3, 16});
+        const Tensor pad = padding_mask();
+        const auto [y, w] = m->forward(x, x, x, pad, true);
+        for (int b = 0; b < 3; ++b) {
+          const Tensor xb = x.narrow(1, b, 1).narrow(0, kStart[b], kLen[b]);
+          const Tensor want = std::get<0>(m->forward(xb, xb, xb));
+          const Tensor got = y.narrow(1, b, 1).narrow(0, kStart[b], kLen[b]);
+          EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5))
+              << what << " sequence " << b << ": max diff " << (got - want).abs().max().item<double>();
+        }
+        // Weights of pad keys are zero in real query rows (a causal softmax pad row
+        // that sees only pad keys is NaN, as in torch's MultiheadAttention).
+        const Tensor real_rows = pad.logical_not().unsqueeze(-1);  // (B, Nq, 1)
+        const Tensor w_real = torch::where(real_rows, w, torch::zeros_like(w));
+        EXPECT_EQ((w_real * pad.unsqueeze(1)).abs().max().item<double>(), 0.0) << what;
+        // Other pad tokens: the real tokens' outputs are bitwise the same.
+        const Tensor x2 = torch::where(pad.t().unsqueeze(-1), 10 * torch::randn_like(x), x);
+        const Tensor y2 = std::get<0>(m->forward(x2, x2, x2, pad));
+        const Tensor real = pad.logical_not().t().unsqueeze(-1);  // (N, B, 1)
+        EXPECT_TRUE(torch::equal(torch::where(real, y, torch::zeros_like(y)),
+                                 torch::where(real, y2, torch::zeros_like(y2)))) << what;
+      }
+}
+
+TEST(MultiheadGqa, EqualsTheCompositionWithRepeatedKvHeads) {
+  MultiheadOptions o;
+  o.embed_dim = 16;
+  o.num_heads = 4;
+  o.num_kv_heads = 2;
+  o.batch_first = true;
+  const AttentionSpec spec = spec_of(R"({"family": "luna", "head_dim": 4, "dtype": "fp32", "causal": true})");
+  MultiheadLinearAttention m(o, spec);
+  EXPECT_EQ(m->k_proj->weight.sizes(), (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(m->v_proj->weight.sizes(), (std::vector<int64_t>{8, 16}));
+  const Tensor x = torch::randn({2, 5, 16});
+  const Tensor y = std::get<0>(m->forward(x, x, x));
+  const Tensor q = m->q_proj->forward(x).reshape({2, 5, 4, 4});
+  const Tensor k = m->k_proj->forward(x).reshape({2, 5, 2, 4}).repeat_interleave(2, 2);
+  const Tensor v = m->v_proj->forward(x).reshape({2, 5, 2, 4}).repeat_interleave(2, 2);
+  const Tensor want = m->out_proj->forward(
+      testing::plain_linear_attention(q, k, v, m->linear()->feature_map->params, spec).reshape({2, 5, 16}));
+  EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-5)) << (y - want).abs().max().item<double>();
+  // The softmax core too: the same with repeated heads through torch's composition.
+  auto sm = make_multihead_attention("softmax", o);
+  const Tensor ys = std::get<0>(sm->forward(x, x, x));
+  const Tensor qs = sm->q_proj->forward(x).reshape({2, 5, 4, 4}).transpose(1, 2);
+  const Tensor ks = sm->k_proj->forward(x).reshape({2, 5, 2, 4}).repeat_interleave(2, 2).transpose(1, 2);
+  const Tensor vs = sm->v_proj->forward(x).reshape({2, 5, 2, 4}).repeat_interleave(2, 2).transpose(1, 2);
+  const Tensor ws = torch::softmax(torch::matmul(qs, ks.transpose(-1, -2)) / 2.0, -1);
+  const Tensor wants = sm->out_proj->forward(torch::matmul(ws, vs).transpose(1, 2).reshape({2, 5, 16}));
+  EXPECT_TRUE(torch::allclose(ys, wants, 1e-5, 1e-5)) << (ys - wants).abs().max().item<double>();
+}
+
+TEST(MultiheadCrossAttention, KeysOfAnotherLengthMatchThePlainComposition) {
+  MultiheadOptions o;
+  o.embed_dim = 16;
+  o.num_heads = 2;
+  const AttentionSpec spec = spec_of(R"({"family": "hedgehog", "head_dim": 8, "dtype": "fp32"})");
+  MultiheadLinearAttention m(o, spec);
+  const Tensor query = torch::randn({4, 2, 16}), mem = torch::randn({7, 2, 16});
+  const auto [y, w] = m->forward(query, mem, mem, {}, true);
+  EXPECT_EQ(y.sizes(), query.sizes());
+  EXPECT_EQ(w.sizes(), (std::vector<int64_t>{2, 4, 7}));
+  EXPECT_TRUE(torch::allclose(w.sum(-1), torch::ones({2, 4}), 1e-5, 1e-5));
+  auto bm = [](const Tensor& t, int64_t n) { return t.transpose(0, 1).reshape({2, n, 2, 8}); };
+  const Tensor o_heads = testing::plain_linear_attention(bm(m->q_proj->forward(query), 4), bm(m->k_proj->forward(mem), 7),
+                                                         bm(m->v_proj->forward(mem), 7),
+                                                         m->linear()->feature_map->params, spec);
+  const Tensor want = m->out_proj->forward(o_heads.reshape({2, 4, 16})).transpose(0, 1);
+  EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-5)) << (y - want).abs().max().item<double>();
 }
 
 TEST(GpuModules, TrainStepOnCuda) {

@@ -264,6 +264,47 @@ std::vector<Case> kernel_cases() {
 INSTANTIATE_TEST_SUITE_P(Families, HostKernelPath, ::testing::ValuesIn(kernel_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// Causal performer: perturbing key j (and value j) leaves o_i and dq_i of rows
+// i < j exactly equal, on the ATen path and on the host-emulated kernels.
+// Exact: rows i < j compute the same values in the same order; key j enters
+// their sums only as exact zeros (a weight exp(-inf) = 0 in the ATen chunk).
+// kernel_eps = 0.1 and eps = 1e-3 make a shared key stabiliser move them by percents.
+TEST(CausalPerformerNoFutureLeak, AtenAndHostKernelPaths) {
+  AttentionSpec spec = small_specs(8, 8)[5].second;
+  ASSERT_EQ(spec.family, Family::performer);
+  spec.causal = true;
+  spec.performer.kernel_eps = 0.1;
+  spec.eps = 1e-3;
+  const Inputs in = random_inputs(spec, 1, 9, 2, torch::kFloat, 8);
+  const int64_t d = spec.head_dim;
+  for (AttentionPath path : {AttentionPath::aten, AttentionPath::host_kernels}) {
+    LinearAttentionOptions opt;
+    opt.path = path;
+    opt.chunk = 3;
+    auto run = [&](const Inputs& x) {
+      return value_and_grads(x, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+        return linear_attention(q, k, v, p, spec, opt);
+      });
+    };
+    const auto base = run(in);
+    for (int64_t j : {1, 3, 7}) {
+      Inputs pert = in;
+      pert.k = in.k.clone();
+      pert.v = in.v.clone();
+      // k_j' = omega_0 of each head: the largest exponent a key can reach.
+      const Tensor omega = in.params.view({2, -1}).narrow(1, param_layout(spec).find("omega")->offset, d);
+      pert.k.select(1, j).copy_(omega.unsqueeze(0) * std::pow(double(d), 0.25));
+      pert.v.select(1, j).add_(1.0);
+      const auto got = run(pert);
+      const std::string what = std::string(path == AttentionPath::aten ? "aten" : "host kernels") + " key " +
+                               std::to_string(j);
+      EXPECT_TRUE(torch::equal(got[0].narrow(1, 0, j), base[0].narrow(1, 0, j))) << what << ": o moved";
+      EXPECT_TRUE(torch::equal(got[1].narrow(1, 0, j), base[1].narrow(1, 0, j))) << what << ": dq moved";
+      EXPECT_FALSE(torch::equal(got[0].narrow(1, j, 9 - j), base[0].narrow(1, j, 9 - j))) << what << ": vacuous";
+    }
+  }
+}
+
 TEST(HostKernelPath, AtenGradientFallbackMatches) {
   const AttentionSpec spec = small_specs(8, 8).front().second;  // luna
   const Inputs in = random_inputs(spec, 1, 10, 2, torch::kFloat, 6);
@@ -304,8 +345,11 @@ TEST_F(BadInputs, ShapesAreNamed) {
   expect_rejected([&] { run(in.q[0], in.k, in.v, in.params); }, "q must be 4-D [batch, seq, heads, head_dim]");
   expect_rejected([&] { run(in.q, in.k.narrow(3, 0, 4), in.v, in.params); }, "k.size(3) = 4 but the spec's head_dim is 8");
   expect_rejected([&] { run(in.q, in.k, in.v.narrow(3, 0, 4), in.params); }, "v.size(3) = 4 but the spec's value_dim is 8");
-  expect_rejected([&] { run(in.q, in.k.narrow(1, 0, 3), in.v, in.params); }, "k has [batch, seq, heads]");
-  expect_rejected([&] { run(in.q, in.k, in.v.narrow(2, 0, 1), in.params); }, "v has [batch, seq, heads]");
+  expect_rejected([&] { run(in.q, in.k.narrow(1, 0, 3), in.v, in.params); }, "v has [seq, heads] = [5, 2] but k has [3, 2]");
+  expect_rejected([&] { run(in.q, in.k, in.v.narrow(2, 0, 1), in.params); }, "v has [seq, heads] = [5, 1] but k has [5, 2]");
+  expect_rejected([&] { run(in.q, in.k.narrow(0, 0, 1), in.v.narrow(0, 0, 1), in.params); }, "k has batch 1 but q has 2");
+  const Tensor k3 = torch::randn({2, 5, 3, 8}), v3 = torch::randn({2, 5, 3, 8});
+  expect_rejected([&] { run(in.q, k3, v3, in.params); }, "k and v have 3 heads, which does not divide q's 2 heads");
 }
 
 TEST_F(BadInputs, DtypesAreNamed) {
@@ -361,6 +405,157 @@ TEST_F(BadInputs, NonFiniteWhenAsked) {
   strict.check_finite = true;
   expect_rejected([&] { run(q, in.k, in.v, in.params, strict); }, "q contains NaN or Inf");
   EXPECT_NO_THROW(run(q, in.k, in.v, in.params));  // unchecked by default
+}
+
+TEST_F(BadInputs, CrossAttentionAndKeyMaskWhereNotSupported) {
+  const Tensor k7 = torch::randn({2, 7, 2, 8}), v7 = torch::randn({2, 7, 2, 8});
+  EXPECT_EQ(run(in.q, k7, v7, in.params).sizes(), in.q.sizes());  // non-causal cross-attention runs
+  spec.causal = true;
+  expect_rejected([&] { run(in.q, k7, v7, in.params); }, "causal attention needs seq_q == seq_k, got seq_q = 5 and "
+                  "seq_k = 7");
+  spec.causal = false;
+  LinearAttentionOptions host;
+  host.path = AttentionPath::host_kernels;
+  expect_rejected([&] { run(in.q, k7, v7, in.params, host); }, "path host_kernels needs seq_q == seq_k");
+  LinearAttentionOptions masked;
+  masked.key_mask = torch::ones({2, 5}, torch::kBool);
+  EXPECT_NO_THROW(run(in.q, in.k, in.v, in.params, masked));
+  host.key_mask = masked.key_mask;
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params, host); }, "key_mask is supported on path aten only");
+  masked.key_mask = torch::ones({2, 5});
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params, masked); }, "key_mask must be bool");
+  masked.key_mask = torch::ones({2, 4}, torch::kBool);
+  expect_rejected([&] { run(in.q, in.k, in.v, in.params, masked); }, "key_mask must be [batch, seq_k] = [2, 5]");
+}
+
+// ---- key padding, grouped-query attention, cross-attention -----------------
+
+// Every family but cosformer (position features) and causal performer (running
+// key stabiliser) supports key_mask; those two reject it.
+bool key_mask_supported(const AttentionSpec& s) {
+  return s.family != Family::cosformer && !(s.causal && s.family == Family::performer);
+}
+
+// Three sequences in a batch of length 6: full, right-padded to 3, left-padded to 2.
+constexpr int kPadN = 6;
+constexpr int kPadLen[3] = {6, 3, 2};
+constexpr int kPadStart[3] = {0, 0, 4};
+
+Tensor real_keys() {
+  Tensor m = torch::zeros({3, kPadN}, torch::kBool);
+  for (int b = 0; b < 3; ++b) m[b].narrow(0, kPadStart[b], kPadLen[b]).fill_(true);
+  return m;
+}
+
+class KeyMask : public ::testing::TestWithParam<Case> {};
+
+TEST_P(KeyMask, PaddedBatchEqualsPerSequenceCalls) {
+  const AttentionSpec& spec = GetParam().spec;
+  Inputs in = random_inputs(spec, 3, kPadN, 2, torch::kFloat, 21);
+  const Tensor keep = real_keys();
+  in.dout = in.dout * keep.reshape({3, kPadN, 1, 1});  // a loss over real tokens only
+  LinearAttentionOptions opt;
+  opt.chunk = 4;
+  opt.key_mask = keep;
+  auto op = [&](const LinearAttentionOptions& o) {
+    return [&spec, o](Tensor q, Tensor k, Tensor v, Tensor p) { return linear_attention(q, k, v, p, spec, o); };
+  };
+  if (!key_mask_supported(spec)) {
+    expect_rejected([&] { op(opt)(in.q, in.k, in.v, in.params); }, "key_mask is not supported for");
+    return;
+  }
+  const auto got = value_and_grads(in, op(opt));
+  LinearAttentionOptions plain;
+  plain.chunk = 4;
+  Tensor dparams = torch::zeros_like(in.params);
+  for (int b = 0; b < 3; ++b) {
+    auto cut = [&](const Tensor& t) { return t.narrow(0, b, 1).narrow(1, kPadStart[b], kPadLen[b]).contiguous(); };
+    const Inputs one{cut(in.q), cut(in.k), cut(in.v), in.params, cut(in.dout)};
+    const auto want = value_and_grads(one, op(plain));
+    for (int i = 0; i < 4; ++i)
+      expect_close(cut(got[i]), want[i], 2e-5, 2e-4, fmt::format("sequence {} {}", b, kNames[i]));
+    dparams = dparams + want[4];
+  }
+  expect_close(got[4], dparams, 2e-5, 2e-4, "dparams");
+  // Pad keys and values get no gradient.
+  const Tensor pad = keep.logical_not().reshape({3, kPadN, 1, 1});
+  EXPECT_EQ((got[2] * pad).abs().max().item<double>(), 0.0);
+  EXPECT_EQ((got[3] * pad).abs().max().item<double>(), 0.0);
+}
+
+TEST_P(KeyMask, MaskedKeysNeverInfluenceOutputs) {
+  const AttentionSpec& spec = GetParam().spec;
+  if (!key_mask_supported(spec)) return;  // rejected: PaddedBatchEqualsPerSequenceCalls checks the message
+  const Inputs in = random_inputs(spec, 3, kPadN, 2, torch::kFloat, 22);
+  const Tensor keep = real_keys();
+  const Tensor pad = keep.logical_not().reshape({3, kPadN, 1, 1});
+  LinearAttentionOptions opt;
+  opt.chunk = 4;
+  opt.key_mask = keep;
+  const Tensor o = linear_attention(in.q, in.k, in.v, in.params, spec, opt);
+  // Other, large pad keys and values: every output (real or pad query rows) is bitwise the same,
+  // since masked rows add exact zeros to S, z and the causal chunk products.
+  const Tensor k2 = torch::where(pad, 10 * torch::randn_like(in.k), in.k);
+  const Tensor v2 = torch::where(pad, 10 * torch::randn_like(in.v), in.v);
+  EXPECT_TRUE(torch::equal(o, linear_attention(in.q, k2, v2, in.params, spec, opt)));
+}
+
+TEST_P(KeyMask, GroupedQueryEqualsRepeatedKvHeads) {
+  const AttentionSpec& spec = GetParam().spec;
+  Inputs in = random_inputs(spec, 2, 5, 4, torch::kFloat, 23);
+  in.k = in.k.narrow(2, 0, 2).contiguous();  // 2 kv heads for 4 query heads
+  in.v = in.v.narrow(2, 0, 2).contiguous();
+  LinearAttentionOptions opt;
+  opt.chunk = 3;
+  const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, opt);
+  });
+  const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return testing::plain_linear_attention(q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2), p, spec);
+  });
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 2e-5, 2e-4, std::string("gqa ") + kNames[i]);
+}
+
+TEST_P(KeyMask, CrossAttentionMatchesPlainComposition) {
+  const AttentionSpec& spec = GetParam().spec;
+  Inputs in = random_inputs(spec, 2, 4, 2, torch::kFloat, 24);
+  in.k = torch::randn({2, 7, 2, spec.head_dim});
+  in.v = torch::randn({2, 7, 2, spec.value_dim});
+  auto op = [&](Tensor q, Tensor k, Tensor v, Tensor p) { return linear_attention(q, k, v, p, spec); };
+  if (spec.causal || spec.family == Family::cosformer) {
+    expect_rejected([&] { op(in.q, in.k, in.v, in.params); }, "needs seq_q == seq_k");
+    return;
+  }
+  const auto got = value_and_grads(in, op);
+  const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return testing::plain_linear_attention(q, k, v, p, spec);
+  });
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 2e-5, 2e-4, std::string("cross ") + kNames[i]);
+}
+
+std::vector<Case> per_head_cases(int d, int dv) {
+  std::vector<Case> out;
+  for (auto& c : all_cases(d, dv))
+    if (c.spec.params_per_head) out.push_back(c);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Families, KeyMask, ::testing::ValuesIn(per_head_cases(4, 3)),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(HostKernelPathGqa, EqualsRepeatedKvHeads) {
+  const AttentionSpec spec = kernel_cases().front().spec;
+  Inputs in = random_inputs(spec, 1, 9, 4, torch::kFloat, 25);
+  in.k = in.k.narrow(2, 0, 1).contiguous();  // one kv head for 4 query heads
+  in.v = in.v.narrow(2, 0, 1).contiguous();
+  LinearAttentionOptions host;
+  host.path = AttentionPath::host_kernels;
+  const auto got = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k, v, p, spec, host);
+  });
+  const auto want = value_and_grads(in, [&](Tensor q, Tensor k, Tensor v, Tensor p) {
+    return linear_attention(q, k.repeat_interleave(4, 2), v.repeat_interleave(4, 2), p, spec, host);
+  });
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 0, 0, std::string("host gqa ") + kNames[i]);
 }
 
 // ---- GPU -------------------------------------------------------------------

@@ -148,9 +148,27 @@ torch::Tensor plain_linear_attention(const torch::Tensor& q, const torch::Tensor
                     layout.per_head_floats ? params.narrow(0, blk * layout.per_head_floats, layout.per_head_floats)
                                            : Tensor()};
       const Tensor pq = phi(q[b].select(1, h), p, spec, true);   // [N, D]
-      const Tensor pk = phi(k[b].select(1, h), p, spec, false);  // [N, D]
-      Tensor A = torch::matmul(pq, pk.t());                       // [N, N]
-      if (spec.causal) A = A * torch::ones({N, N}, A.options()).tril();
+      Tensor A;
+      if (spec.causal && spec.family == Family::performer) {
+        // Row i maps keys j <= i with M_i = the max of their exponents (docs/MATH.md §2),
+        // written out row by row: phi_i(k_j) = m^{-1/2} exp(e(k_j) - M_i) + kernel_eps.
+        const Tensor x = k[b].select(1, h);
+        const Tensor xs = x * std::pow(double(spec.head_dim), -0.25);
+        const Tensor e = torch::matmul(xs, p("omega").t()) - 0.5 * (xs * xs).sum(1, true);  // [N, m]
+        std::vector<Tensor> rows;
+        for (int64_t i = 0; i < N; ++i) {
+          const Tensor seen = e.narrow(0, 0, i + 1);
+          const Tensor Ki = torch::exp(seen - seen.max().detach()) / std::sqrt(double(spec.performer.features)) +
+                            spec.performer.kernel_eps;                                        // [i+1, m]
+          const Tensor row = torch::matmul(Ki, pq[i]);                                          // [i+1]
+          rows.push_back(torch::cat({row, torch::zeros({N - i - 1}, row.options())}));
+        }
+        A = torch::stack(rows, 0);  // [N, N]
+      } else {
+        const Tensor pk = phi(k[b].select(1, h), p, spec, false);  // [N, D]
+        A = torch::matmul(pq, pk.t());                              // [N, N]
+        if (spec.causal) A = A * torch::ones({N, N}, A.options()).tril();
+      }
       if (spec.normalize) A = A / (A.sum(1, true) + spec.eps);
       heads.push_back(torch::matmul(A, v[b].select(1, h).to(A.scalar_type())));  // [N, dv]
     }

@@ -41,6 +41,7 @@ enum LunajitEmuWarpOp {
   LUNAJIT_EMU_REDUCE_MIN = 9,
   LUNAJIT_EMU_REDUCE_MAX = 10,
   LUNAJIT_EMU_ACTIVEMASK = 11,  // no rendezvous: lanes of the warp that have not exited
+  LUNAJIT_EMU_COLLECTIVE = 12,  // lunajit_emu_warp_collective (the scheduler's tag, not passed by kernels)
 };
 
 // The context of the CUDA thread running on this OS thread. The pointer is fixed
@@ -59,5 +60,43 @@ unsigned long long lunajit_emu_warp(int op, unsigned mask, unsigned long long va
 
 // Aborts the block: launch() returns an error naming the thread and `what`.
 [[noreturn]] void lunajit_emu_trap(const char* what) noexcept;
+
+// ---- block-payload warp collective (lunajit/mma.cuh) ----
+// Each lane of `mask` calls lunajit_emu_warp_collective with a pointer to its
+// own payload (its registers, on its fiber's stack). When the last lane of the
+// mask arrives, the scheduler calls `fn(lanes, mask)` once, on that lane, with
+// lanes[l] = lane l's payload (null for lanes outside the mask); `fn` reads
+// every lane's inputs and writes every lane's outputs in place, then all lanes
+// return. The lanes must agree on `fn`, `what` (operation, shape, type, e.g.
+// "mma.sync.m16n8k16.bf16"), `mask`
+// and the call site (`file`, `line`); a lane that disagrees, a mask that is not
+// the whole warp where `fn` needs it, or a lane that exited aborts the block
+// with the kernel, block, warp and both lines.
+typedef void (*LunajitEmuCollectiveFn)(void* const* lanes, unsigned mask);
+void lunajit_emu_warp_collective(LunajitEmuCollectiveFn fn, const char* what, unsigned mask, void* payload,
+                                 const char* file, int line) noexcept;
+
+// ---- cp.async (per thread) ----
+// Issues an asynchronous copy of `src_bytes` from `src` to `dst`, zero-filling
+// up to `bytes`: `dst` is poisoned (0xFF) now and written when the thread's
+// wait_group covering it completes. commit closes the thread's open group;
+// wait completes all but the `pending` most recent committed groups. A store
+// into a pending destination (seen at the wait) is an error naming `line`.
+void lunajit_emu_cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes, int line) noexcept;
+void lunajit_emu_cp_async_commit(void) noexcept;
+void lunajit_emu_cp_async_wait(int pending, int line) noexcept;
+
+// ---- sanitizer instrumentation (runtime/host/sanitizer_pass.h) ----
+// Only the instrumented variant of a kernel object calls this: before every
+// load and store that may touch shared or global memory.
+struct LunajitEmuSite {
+  const char* file;
+  unsigned line;
+  unsigned column;
+};
+#define LUNAJIT_EMU_ACCESS_WRITE 1u
+#define LUNAJIT_EMU_ACCESS_ALIGN_SHIFT 8  // bits 8..15: log2 of the access's alignment in the IR
+void lunajit_emu_access(const void* address, unsigned long long bytes, unsigned flags,
+                        const LunajitEmuSite* site) noexcept;
 
 }  // extern "C"

@@ -1,0 +1,174 @@
+"""lunajit for PyTorch: linear attention with JIT-generated kernels (docs/MATH.md).
+
+    import torch, lunajit
+    q = k = v = torch.randn(2, 128, 4, 64, requires_grad=True)   # [batch, seq, heads, dim], as fla
+    o = lunajit.linear_attention(q, k, v, family="luna", causal=True)
+    o.sum().backward()
+
+Everything runs through torch.ops.lunajit (liblunajit_torch.so, loaded on import):
+the op is differentiable (torch.autograd), scriptable and traceable.
+"""
+import functools
+import json
+
+import torch
+
+from . import _library
+
+LIBRARY_PATH, BUILD_INFO = _library.load()
+__version__ = BUILD_INFO["lunajit_version"]
+
+FAMILIES = ("luna", "performer", "rff", "elu", "relu", "t2r", "hedgehog", "cosformer", "slay")
+PATHS = ("automatic", "aten", "host_kernels", "cuda_kernels")
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp32"}
+
+
+def _merge(base, over):
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def default_spec(family="luna"):
+    """The default spec of `family` as a dict (ValueError for an unknown family)."""
+    if family not in FAMILIES:
+        raise ValueError("lunajit: family %r is not one of %s" % (family, ", ".join(FAMILIES)))
+    return json.loads(torch.ops.lunajit.default_spec(family))
+
+
+def make_spec(spec=None, family="luna", **fields):
+    """A validated spec dict: `spec` (a dict, JSON text or a spec file; None: the
+    default spec of `family`) with `fields` merged over it (nested dicts merge,
+    e.g. luna={"projections": 4}). The C++ validator's message is raised as ValueError."""
+    if spec is None:
+        base = default_spec(family)
+    elif isinstance(spec, dict):
+        base = json.loads(json.dumps(spec))
+    elif isinstance(spec, str):
+        base = json.loads(torch.ops.lunajit.canonical_spec(spec))
+    else:
+        raise ValueError("lunajit: spec must be a dict, JSON text or a file name, got %s" % type(spec).__name__)
+    _merge(base, fields)
+    return json.loads(canonical_spec(base))
+
+
+def canonical_spec(spec):
+    """The canonical JSON text of a spec (dict or text), validated by the C++ library."""
+    text = spec if isinstance(spec, str) else json.dumps(spec)
+    return torch.ops.lunajit.canonical_spec(text)
+
+
+def param_layout(spec):
+    """The flat parameter layout of a spec: {"per_head_floats", "params_per_head", "tensors": [...]}."""
+    return json.loads(torch.ops.lunajit.param_layout(canonical_spec(spec)))
+
+
+def init_feature_params(spec, heads, seed=0):
+    """The feature-map parameters of `spec` for `heads` heads (1-D fp32, codegen's init_params)."""
+    return torch.ops.lunajit.init_feature_params(canonical_spec(spec), int(heads), int(seed))
+
+
+@functools.lru_cache(maxsize=256)
+def _resolve(key):
+    """(canonical spec text, needs parameters) for a _spec_for key (JSON text)."""
+    spec, family, causal, fields, dims = json.loads(key)
+    # Fields the caller's spec leaves out come from the tensors; a given spec's
+    # dims are kept, so that tensors of other sizes are an error, not a new spec.
+    over = dict(fields)
+    given = json.loads(canonical_spec(spec)) if isinstance(spec, str) else (spec or {})
+    for name, value in dims.items():
+        if name not in given:
+            over.setdefault(name, value)
+    if causal is not None:
+        over["causal"] = bool(causal)
+    s = make_spec(spec, family, **over)
+    return canonical_spec(s), param_layout(s)["per_head_floats"] > 0
+
+
+def _spec_for(q, v, spec, family, causal, fields):
+    # Memoized by value: a training loop calls with the same arguments every step.
+    dims = {"head_dim": q.shape[-1], "value_dim": v.shape[-1], "dtype": _DTYPES.get(q.dtype, "fp32")}
+    return _resolve(json.dumps([spec, family, causal, fields, dims], sort_keys=True))
+
+
+def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=None, head_first=False,
+                     path="automatic", chunk=64, config=None, kernel_backward=True, check_finite=False,
+                     seed=0, key_mask=None, **spec_fields):
+    """Linear attention o = phi(q) S / (phi(q) z + eps) of docs/MATH.md.
+
+    q: [batch, seq_q, heads, head_dim], k: [batch, seq_k, heads_kv, head_dim], v:
+    [batch, seq_k, heads_kv, value_dim] (fla's layout); head_first=True takes and
+    returns [batch, heads, seq, dim]. heads_kv may divide heads (grouped-query
+    attention: kv head j serves query heads j*g .. j*g+g-1, as SDPA's enable_gqa);
+    seq_k may differ from seq_q when not causal (cross-attention; path aten).
+    key_mask: bool [batch, seq_k], True for real keys, False for padding (fla's
+    attention_mask meaning, the opposite of torch's key_padding_mask): masked keys
+    contribute nothing, so a padded batch equals per-sequence calls (path aten;
+    not for cosformer nor causal performer).
+    spec: a dict / JSON / file (None: the default spec of `family`); head_dim,
+    value_dim and dtype the spec does not set come from the tensors; `causal` and
+    `spec_fields` override the spec. params: the flat feature-map parameters
+    (None: init_feature_params(spec, heads, seed), so families with learned
+    parameters get no gradient for them; use lunajit.nn.FeatureMap to train).
+    path: automatic | aten | host_kernels | cuda_kernels; config: a tile config
+    dict for the kernel paths (None: tuned or default). Differentiable in q, k,
+    v and params."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError("lunajit.linear_attention: %s must be a torch.Tensor, got %s" % (name, type(t).__name__))
+        if t.dim() != 4:
+            raise ValueError("lunajit.linear_attention: %s must be 4-D [batch, %s, dim], got shape %s"
+                             % (name, "heads, seq" if head_first else "seq, heads", list(t.shape)))
+    if path not in PATHS:
+        raise ValueError("lunajit.linear_attention: path %r is not one of %s" % (path, ", ".join(PATHS)))
+    if head_first:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    text, has_params = _spec_for(q, v, spec, family, causal, spec_fields)
+    if params is None and has_params:
+        params = torch.ops.lunajit.init_feature_params(text, q.shape[2], int(seed)).to(q.device)
+    cfg = "" if config is None else (config if isinstance(config, str) else json.dumps(config))
+    o = torch.ops.lunajit.linear_attention(q, k, v, params, text, path, int(chunk), cfg, bool(kernel_backward),
+                                           bool(check_finite), key_mask)
+    return o.transpose(1, 2) if head_first else o
+
+
+def feature_map(x, params, spec, query=True):
+    """phi(x) for x [batch, seq, heads, head_dim] -> [batch, seq, heads, D] (differentiable)."""
+    return torch.ops.lunajit.feature_map(x, params, canonical_spec(spec), bool(query))
+
+
+def _flat_shapes(shapes):
+    flat = []
+    for s in shapes:
+        if len(s) != 3:
+            raise ValueError("lunajit: each shape must be (batch, heads, seq), got %r" % (s,))
+        flat.extend(int(x) for x in s)
+    return flat
+
+
+def tune(spec=None, shapes=((4, 8, 1024),), *, arch="", backend="auto", pass_="all", max_candidates=0,
+         retune=False, family="luna"):
+    """Tunes the tile configs of `spec` at `shapes` ((batch, heads, seq) each) and
+    stores them in the tuning database the op reads (as `lunajit tune`): measured
+    on a GPU, else checked on the host and model-ranked for `arch` (default
+    sm_90). Returns the tuner's results as a dict."""
+    text = canonical_spec(make_spec(spec, family))
+    return json.loads(torch.ops.lunajit.tune(text, _flat_shapes(shapes), arch, backend, pass_,
+                                             int(max_candidates), bool(retune)))
+
+
+def report(spec=None, shapes=((2, 16, 1024),), *, archs="sm_80,sm_90", out=None, measure=True, compile=True,
+           family="luna"):
+    """A kernel report of `spec` (as `lunajit report`): resources, occupancy,
+    bytes/FLOPs, roofline and, on a GPU, measured times. Returns the report dict;
+    with `out`, also writes report.json, report.md and report.html there."""
+    text = canonical_spec(make_spec(spec, family))
+    return json.loads(torch.ops.lunajit.report(text, archs, _flat_shapes(shapes), out or "", bool(measure),
+                                               bool(compile)))
+
+
+from . import nn  # noqa: E402  (needs the op library loaded above)
+from .safetensors import load_file, save_file  # noqa: E402,F401
