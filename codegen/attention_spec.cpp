@@ -325,6 +325,10 @@ Result<json> parse_json_text(std::string_view text, std::string_view what) {
     if (auto p = reason.find("syntax error"); p != std::string::npos) reason = reason.substr(p);
     return Error::invalid(fmt::format("{}: not valid JSON at line {}, column {} (byte {}): {}", what, line, col,
                                       at, limits::quote(reason)));
+  } catch (const json::exception& e) {
+    // Not a syntax error but still no document: a number beyond double range
+    // (1e400: out_of_range.406; found by tests/fuzz/spec_parser_fuzzer).
+    return Error::invalid(fmt::format("{}: not valid JSON: {}", what, limits::quote(e.what())));
   }
 }
 

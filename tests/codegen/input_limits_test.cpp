@@ -82,6 +82,14 @@ TEST(Messages, InvalidJsonNamesThePosition) {
   EXPECT_TRUE(has(e, "not valid JSON at line 2, column")) << e;
 }
 
+// Found by tests/fuzz/spec_parser_fuzzer: a number beyond double range threw
+// nlohmann's out_of_range out of the parser (corpus: crash_number_overflow.json).
+TEST(Messages, NumberBeyondDoubleRangeIsAnErrorNotAnException) {
+  EXPECT_TRUE(has(spec_error(R"({"family":"luna","eps":1e400})"), "not valid JSON")) ;
+  auto c = tile_config_from_string(R"({"chunk": 1e400})", TileConfig());
+  ASSERT_FALSE(c.ok());
+}
+
 TEST(Messages, DvBlockExactlyTwiceValueDimIsNotOverTwice) {
   AttentionSpec s = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();
