@@ -156,3 +156,31 @@ TEST_F(OneRank, RejectsWholeSequenceFamiliesAndCausalAllreduce) {
 
 }  // namespace
 }  // namespace lunajit::dist::testing
+
+namespace lunajit::dist {
+namespace {
+
+// The launcher the tests and examples rely on: exit codes per rank, and a
+// rank that hangs is killed at the timeout (124) instead of hanging the test.
+TEST(RunRanks, ReportsEachRanksExitCodeAndKillsAtTheTimeout) {
+  const auto codes = run_ranks(
+      2, [](int r) { return std::vector<std::string>{"/bin/sh", "-c", "exit " + std::to_string(3 * r)}; },
+      std::chrono::seconds(30));
+  EXPECT_EQ(codes, (std::vector<int>{0, 3}));
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto hung = run_ranks(
+      2,
+      [](int r) {
+        return r == 0 ? std::vector<std::string>{"/bin/sh", "-c", "exit 0"}
+                      : std::vector<std::string>{"/bin/sleep", "30"};
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_EQ(hung, (std::vector<int>{0, 124}));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_THROW(run_ranks(1, [](int) { return std::vector<std::string>{"/nonexistent/lunajit-rank"}; },
+                         std::chrono::seconds(5)),
+               c10::Error);
+}
+
+}  // namespace
+}  // namespace lunajit::dist
