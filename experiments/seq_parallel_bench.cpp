@@ -12,9 +12,11 @@
 // barrier, so the slowest rank's), and the bytes counted at the process-group
 // calls per step next to the formula B * H * D * (dv + 1) * 4 per collective.
 // Each rank runs --threads intra-op threads: the ranks share the machine's
-// cores, so R ranks on C cores can gain at most min(R, C / threads).
+// cores, so R ranks on C cores can gain at most min(R, C / threads); the CPU
+// time per step of the busiest rank shows the split of the work regardless.
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -49,6 +51,13 @@ lunajit::AttentionSpec spec_of(const Args& a) {
       .value_or_throw();
 }
 
+// CPU time of this process (every thread, Gloo's included), ms.
+double cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -81,15 +90,22 @@ int rank_main(const Args& a) {
   step_ms(a, n, sp, sync);  // warm-up
   comm.reset_stats();
   std::vector<double> t;
+  const double cpu0 = cpu_ms();
   for (int i = 0; i < a.reps; ++i) t.push_back(step_ms(a, n, sp, sync));
+  // The work each rank does, whatever the sharing of cores: the most CPU time of any rank per step.
+  const Tensor cpu = torch::tensor({(cpu_ms() - cpu0) / a.reps}, torch::kDouble);
   const dist::CommStats st = comm.stats();
+  double cpu_max = 0;
+  for (const Tensor& c : comm.all_gather(cpu)) cpu_max = std::max(cpu_max, c.item<double>());
   if (a.rank == 0) {
     const int64_t per = dist::sequence_parallel_payload_bytes(spec, a.batch, a.heads, torch::kFloat);
     std::printf("seq_parallel_bench: %s luna, seq %d = %d ranks x %lld tokens, batch %d, %d heads, d = dv = %d, "
                 "D = %d, %d thread%s per rank\n",
                 a.full ? "non-causal" : "causal", a.seq, a.nproc, (long long)n, a.batch, a.heads, a.dim,
                 spec.feature_dim(), a.threads, a.threads == 1 ? "" : "s");
-    std::printf("  sequence-parallel fwd+bwd: median %.1f ms over %d reps\n", median(t), a.reps);
+    std::printf("  sequence-parallel fwd+bwd: median %.1f ms wall over %d reps; CPU time per step of the busiest "
+                "rank %.1f ms\n",
+                median(t), a.reps, cpu_max);
     std::printf("  per step and rank, counted at the process group: %lld collectives, %lld bytes contributed, "
                 "%lld bytes received\n",
                 (long long)(st.calls / a.reps), (long long)(st.payload_bytes / a.reps),
