@@ -9,16 +9,17 @@
 // (z is an n-tile whose B fragment is all ones). Phi_k (fp32 from the feature
 // map) is rounded once to the I/O dtype into a padded tile; V is copied in its
 // own dtype (exact). A = Phi_k^T by ldmatrix.x4.trans, B = V by
-// ldmatrix.x2.trans; the warps' accumulators stay in registers for the whole
-// range and are written as the same fp32 partials state_kernel writes.
+// ldmatrix.x4.trans (two n-tiles per load, b_tiles); the warps' accumulators
+// stay in registers for the whole range and are written as the same fp32
+// partials state_kernel writes.
 //
 // mma_output_kernel, grid (query tiles, batch*heads, dv blocks), as
 // output_kernel: sums the partials in split order (fp32, fixed order:
 // deterministic), scales S and z by powers of two so that their largest
 // magnitude lies in [1, 2) (exact; keeps fp16 in range whatever the sequence
 // length), rounds them to the I/O dtype, then O = Phi_q S' and den = Phi_q z'
-// on mma (A = Phi_q by ldmatrix.x4, B = S' by ldmatrix.x2.trans; the
-// denominator's B fragment is z' broadcast to all 8 columns, so every lane
+// on mma (A = Phi_q by ldmatrix.x4, B = S' by ldmatrix.x4.trans, two n-tiles
+// per load; the denominator's B fragment is z' broadcast to all 8 columns, so every lane
 // holds its rows' denominators without a shuffle); the epilogue undoes the
 // scales and takes one reciprocal per row.
 //
@@ -79,6 +80,28 @@ LUNAJIT_DEVICE void round_phi(const float* phi, unsigned* dst, int valid, int ro
       packed = pack2<T>(p.x, p.y);
     }
     dst[(r * PD + f) / 2] = packed;
+  }
+}
+
+// acc[j] += A B_j for the NPW consecutive 8-column n-tiles of a row-major
+// (16, >= 8 NPW) 16-bit tile at `b` (row stride P): B is stored k-major, so
+// each fragment comes from ldmatrix .trans; pairs of n-tiles share one .x4
+// (matrices: k rows 0-7 / 8-15 of tile j, then of tile j+1), an odd last tile
+// takes an .x2 (lanes 16..31 repeat lanes 0..15's addresses, ignored).
+template <class T, int NPW, int P>
+LUNAJIT_DEVICE void b_tiles(float (*acc)[4], const unsigned (&a)[4], const T* b, int lm, int lr) {
+#pragma unroll
+  for (int j = 0; j + 1 < NPW; j += 2) {
+    unsigned r[4];
+    mma::ldmatrix<4, true>(r, b + (8 * (lm & 1) + lr) * P + 8 * (j + (lm >> 1)));
+    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    mma::mma_m16n8k16<T>(acc[j], a, b0, acc[j]);
+    mma::mma_m16n8k16<T>(acc[j + 1], a, b1, acc[j + 1]);
+  }
+  if constexpr (NPW % 2 == 1) {
+    unsigned r[2];
+    mma::ldmatrix<2, true>(r, b + (8 * (lm & 1) + lr) * P + 8 * (NPW - 1));
+    mma::mma_m16n8k16<T>(acc[NPW - 1], a, r, acc[NPW - 1]);
   }
 }
 
@@ -159,15 +182,8 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
         // tokens k0 + 8(m>>1); stored transposed (token rows) -> .trans.
         unsigned a[4];
         mma::ldmatrix<4, true>(a, phi_h + (k0 + 8 * (lm >> 1) + lr) * PD + f0 + 8 * (lm & 1));
-#pragma unroll
-        for (int j = 0; j < W.n_tiles_per_warp; ++j) {
-          const int n0 = (wn * W.n_tiles_per_warp + j) * 8;
-          // B = V (tokens x columns): matrix 0 tokens k0..k0+7, matrix 1
-          // tokens k0+8..; lanes 16..31 repeat lanes 0..15 (ignored).
-          unsigned bf[2];
-          mma::ldmatrix<2, true>(bf, v_h + (k0 + 8 * (lm & 1) + lr) * PV + n0);
-          mma::mma_m16n8k16<T>(acc[i][j], a, bf, acc[i][j]);
-        }
+        mma_detail::b_tiles<T, W.n_tiles_per_warp, PV>(acc[i], a, v_h + k0 * PV + wn * W.n_tiles_per_warp * 8, lm,
+                                                        lr);
         if (with_z) {
           const unsigned bz[2] = {ones, ones};
           mma::mma_m16n8k16<T>(zacc[i], a, bz, zacc[i]);
@@ -294,13 +310,7 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
       // A = Phi_q (tokens x features): matrix m holds rows m0 + 8(m&1), features k0 + 8(m>>1).
       unsigned af[4];
       mma::ldmatrix<4, false>(af, phi_h + (m0 + 8 * (lm & 1) + lr) * PD + k0 + 8 * (lm >> 1));
-#pragma unroll
-      for (int j = 0; j < W.n_tiles_per_warp; ++j) {
-        const int n0 = (wn * W.n_tiles_per_warp + j) * 8;
-        unsigned bf[2];
-        mma::ldmatrix<2, true>(bf, s_h + (k0 + 8 * (lm & 1) + lr) * PV + n0);
-        mma::mma_m16n8k16<T>(acc[j], af, bf, acc[j]);
-      }
+      mma_detail::b_tiles<T, W.n_tiles_per_warp, PV>(acc, af, s_h + k0 * PV + wn * W.n_tiles_per_warp * 8, lm, lr);
       if constexpr (K::normalize) {
         // B = z' in every column: b0 = z'(k0+2t, k0+2t+1), b1 = z'(k0+2t+8, +9).
         const unsigned bz[2] = {z_words[(k0 + 2 * t) / 2], z_words[(k0 + 2 * t + 8) / 2]};
