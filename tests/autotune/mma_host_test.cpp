@@ -151,8 +151,10 @@ TEST(MmaForwardHostDims, PartialValueBlock) {
 // The sanitizers find nothing, and the result is bitwise the same under both
 // thread orders (fixed-order reductions, no atomics).
 TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
-  for (DType t : {DType::bf16, DType::fp16}) {
-    AttentionSpec spec = default_spec(Family::luna);
+  // luna in both dtypes; performer for its key-stabiliser pre-pass.
+  for (auto [family, t] : {std::pair{Family::luna, DType::bf16}, std::pair{Family::luna, DType::fp16},
+                           std::pair{Family::performer, DType::bf16}}) {
+    AttentionSpec spec = default_spec(family);
     spec.causal = false;
     spec.dtype = t;
     const TileConfig config = default_config(spec, sm90()).with_mma(true);
