@@ -35,6 +35,8 @@ EffectiveKnobs effective_knobs(const AttentionSpec& spec, Pass pass) {
   if (spec.causal) {
     k.chunk = true;
     k.block_tokens = spec.family == Family::performer;
+    // mma_causal_chunk_kernel; the causal performer has none (can_implement).
+    k.mma = pass == Pass::forward && spec.dtype != DType::fp32 && spec.family != Family::performer;
   } else {
     k.block_tokens = true;
     k.state_splits = true;

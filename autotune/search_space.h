@@ -8,9 +8,11 @@
 // Effective knobs (templates/lunajit/linear_attention*.cuh):
 //   forward, non-causal   block_tokens, warps, dv_block, state_splits
 //                         (state and output kernels; key_stab reads block_tokens)
-//   forward, causal       chunk, warps, dv_block; + block_tokens for performer
-//                         (its key_stab pre-pass tiles by block_tokens)
 //                         + mma for bf16/fp16 (tensor-core state/output kernels)
+//   forward, causal       chunk, warps, dv_block; + block_tokens for performer
+//                         (its key_stab pre-pass tiles by block_tokens);
+//                         + mma for bf16/fp16 except performer (the tensor-core
+//                         causal chunk kernel)
 //   backward              as the forward of the same causality, + phi_backward
 //   feature_map           block_tokens, warps
 #pragma once

@@ -32,14 +32,14 @@ std::string_view pass_summary(const AttentionSpec& s, Pass p) {
   return "";
 }
 
-// The tensor-core variants (config.mma(), non-causal forward) of the state
-// and output roles: templates/lunajit/linear_attention_mma.cuh.
+// The tensor-core variants (config.mma(), forward) of the state, output and
+// causal_chunk roles: templates/lunajit/linear_attention_mma.cuh.
 bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p == Pass::forward; }
 
 std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c, Pass p) {
   std::vector<KernelEntry> e;
   for (const std::string& role : kernel_roles(s, p)) {
-    const bool mma = uses_mma(c, p) && (role == "state" || role == "output");
+    const bool mma = uses_mma(c, p) && (role == "state" || role == "output" || role == "causal_chunk");
     e.push_back({role, fmt::format("lunajit::{}{}<lunajit_gen::Kernel>", mma ? "mma_" : "", kernel_template(p, role))});
   }
   return e;
@@ -49,9 +49,11 @@ std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c
 
 Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
   if (auto st = validate(spec); !st) return st.error();
-  if (config.mma() && pass == Pass::forward && (spec.causal || spec.dtype == DType::fp32))
-    return Error::invalid(fmt::format("config {}: mma = true needs a non-causal bf16 or fp16 spec (the causal and "
-                                      "fp32 forwards have no tensor-core kernels)",
+  if (config.mma() && pass == Pass::forward &&
+      (spec.dtype == DType::fp32 || (spec.causal && spec.family == Family::performer)))
+    return Error::invalid(fmt::format("config {}: mma = true needs a bf16 or fp16 spec other than the causal "
+                                      "performer (the fp32 forward and the causal performer's running key "
+                                      "stabiliser have no tensor-core kernels)",
                                       config.to_string()));
 
   const std::string hash = spec_hash(spec);

@@ -35,11 +35,11 @@ Status can_implement_mma(const AttentionSpec& spec, const TileConfig& c, Pass pa
   const std::string name = c.to_string();
   if (pass != Pass::forward)
     return Error::invalid(fmt::format("{}: mma = true: the {} pass has no tensor-core kernels yet (only the "
-                                      "non-causal forward); use mma = false",
+                                      "forward); use mma = false",
                                       name, to_string(pass)));
-  if (spec.causal)
-    return Error::invalid(fmt::format("{}: mma = true: the causal forward has no tensor-core kernel yet (only the "
-                                      "non-causal one); use mma = false",
+  if (spec.causal && spec.family == Family::performer)
+    return Error::invalid(fmt::format("{}: mma = true: the causal performer (running key stabiliser, "
+                                      "docs/MATH.md §2) has no tensor-core kernel; use mma = false",
                                       name));
   if (spec.dtype == DType::fp32)
     return Error::invalid(fmt::format("{}: mma = true needs dtype bf16 or fp16 (fp32 specs keep the exact fp32 "
@@ -53,6 +53,27 @@ Status can_implement_mma(const AttentionSpec& spec, const TileConfig& c, Pass pa
   if (c.dv_block() % 16 != 0)
     return Error::invalid(fmt::format("{}: mma = true needs dv_block a multiple of 16; dv_block = {}", name,
                                       c.dv_block()));
+  if (spec.causal) {
+    // mma_causal_chunk_kernel: tiles over the chunk, the state in registers.
+    if (c.chunk() % 16 != 0)
+      return Error::invalid(fmt::format("{}: mma = true needs chunk a multiple of 16 (causal); chunk = {}", name,
+                                        c.chunk()));
+    for (KernelKind kind : {KernelKind::state, KernelKind::output}) {
+      const MmaWarpTiling w = mma_warp_tiling(kind, D, c.dv_block(), c.chunk(), c.warps());
+      if (!w.fits)
+        return Error::invalid(fmt::format("{}: mma = true: {} warps do not tile the causal kernel's {} x {} "
+                                          "product (16 x 8 tiles)",
+                                          name, c.warps(), kind == KernelKind::state ? D : c.chunk(),
+                                          c.dv_block()));
+    }
+    const int acc = mma_causal_accumulators(D, c.dv_block(), c.chunk(), c.warps());
+    if (acc > kMaxMmaAccumulatorsPerThread)
+      return Error::invalid(fmt::format("{}: mma = true: the causal kernel would hold {} fp32 accumulators per "
+                                        "thread (state, A strip, output); at most {} fit in registers (use more "
+                                        "warps, a smaller chunk or a smaller dv_block)",
+                                        name, acc, kMaxMmaAccumulatorsPerThread));
+    return ok_status();
+  }
   if (c.block_tokens() % 16 != 0)
     return Error::invalid(fmt::format("{}: mma = true needs block_tokens a multiple of 16; block_tokens = {}", name,
                                       c.block_tokens()));

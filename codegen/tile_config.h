@@ -12,8 +12,9 @@
 //                     sequence, reduced in a fixed order (deterministic)
 //   phi_backward      backward: recompute phi from q, k, or read it saved by the
 //                     forward (docs/ARCHITECTURE.md kernel plan)
-//   mma               non-causal forward of a bf16/fp16 spec: the state and
-//                     output passes on tensor cores (mma.sync m16n8k16,
+//   mma               forward of a bf16/fp16 spec: the non-causal state and
+//                     output passes, or the causal chunk walk (not for the
+//                     causal performer), on tensor cores (mma.sync m16n8k16,
 //                     templates/lunajit/linear_attention_mma.cuh) instead of
 //                     the fp32 scalar loops; off by default, and printed and
 //                     serialised only when on (so the existing configs keep

@@ -102,16 +102,34 @@ inline constexpr int kMaxStateEntriesPerThread = 128;
 //   state:  phi_h (tokens, D + 8), v_h (tokens, dv_block + 8)
 //   output: state S (D, dv_block) and z (D) fp32, phi_h (tokens, D + 8),
 //           s_h (D, dv_block + 8), z_h (D), scale (2 floats per warp, reduced)
+//   causal_chunk (mma_causal_chunk_kernel, chunk tokens): x, phi, scratch as
+//           above, phi_h = phi(q) (chunk, D + 8), phi_k_h (chunk, D + 8),
+//           v_h (chunk, dv_block + 8), s_h (D, dv_block + 8), z_h (D), reduce;
+//           the fp32 master state lives in the warps' registers
 struct MmaSmemLayout {
   int state, z, x, phi, scratch, phi_h, v_h, s_h, z_h, reduce, total;  // floats
+  int phi_k_h = 0;                                                     // causal_chunk only
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
 
 LUNAJIT_HOST_DEVICE constexpr int mma_row_halves(int cols) { return cols + 8; }
 
 LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p) {
-  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   int off = 0;
+  if (kind == KernelKind::causal_chunk) {
+    l.x = off;       off = align4(off + p.tokens * p.d);
+    l.phi = off;     off = align4(off + p.tokens * p.D);
+    l.scratch = off; off = align4(off + p.tokens * p.scratch);
+    l.phi_h = off;   off = align4(off + (p.tokens * mma_row_halves(p.D) + 1) / 2);
+    l.phi_k_h = off; off = align4(off + (p.tokens * mma_row_halves(p.D) + 1) / 2);
+    l.v_h = off;     off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
+    l.s_h = off;     off = align4(off + (p.D * mma_row_halves(p.dv_block) + 1) / 2);
+    l.z_h = off;     off = align4(off + (p.D + 1) / 2);
+    l.reduce = off;  off = align4(off + 2 * (p.threads / 32));
+    l.total = off;
+    return l;
+  }
   const bool output = kind == KernelKind::output;
   if (output) {
     l.state = off; off = align4(off + p.D * p.dv_block);
@@ -161,6 +179,20 @@ LUNAJIT_HOST_DEVICE constexpr MmaWarpTiling mma_warp_tiling(KernelKind kind, int
   return MmaWarpTiling{wm, wn, mpw, npw, acc, fits};
 }
 inline constexpr int kMaxMmaAccumulatorsPerThread = 96;
+
+// The causal mma kernel (mma_causal_chunk_kernel) runs both tilings in one
+// block: the state tiling over (D, dv_block) holds the fp32 master state
+// (S, z) in registers for the whole sequence, and the output tiling over
+// (chunk, dv_block) walks the chunk's 16-row query tiles, each first computing
+// its 16 x chunk strip of A = Phi_q Phi_k^T (fp32, 4 chunk/8 registers), then
+// packing it to 16-bit A fragments (2 chunk/8) next to the output and
+// denominator accumulators. Peak fp32/packed registers per thread:
+LUNAJIT_HOST_DEVICE constexpr int mma_causal_accumulators(int D, int dv_block, int chunk, int warps) {
+  const MmaWarpTiling s = mma_warp_tiling(KernelKind::state, D, dv_block, chunk, warps);
+  const MmaWarpTiling o = mma_warp_tiling(KernelKind::output, D, dv_block, chunk, warps);
+  const int strip = 4 * (chunk / 8), packed = 2 * (chunk / 8);
+  return s.accumulators + (strip > packed + o.accumulators ? strip : packed + o.accumulators);
+}
 
 // ---------------------------------------------------------------- backward
 

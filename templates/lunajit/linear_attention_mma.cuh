@@ -336,4 +336,274 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   }
 }
 
+// Causal forward on tensor cores (docs/MATH.md "Tensor-core causal forward"),
+// grid (batch*heads, dv blocks) as causal_chunk_kernel: one block walks the
+// chunks in order. Per chunk of C tokens:
+//   1. phi(q), phi(k) (fp32 feature map) rounded once to T into padded tiles
+//      phi_h, phi_k_h; V copied in T (exact) into v_h.
+//   2. The fp32 master state (S, z) of the chunks before, held in the state
+//      tiling's registers (as mma_state_block), scaled by powers of two so its
+//      largest magnitude lies in [1, 2) and rounded to T into s_h, z_h.
+//   3. Each warp, per 16-row query tile m0: the strip A = Phi_q Phi_k^T
+//      (16 x C, fp32 C fragments; B = Phi_k by ldmatrix.x4 without .trans),
+//      masked to j <= i, scaled per row by a power of two r_i (largest |A_ij|
+//      of the row in [1, 2); a quad shuffle) and packed into 16-bit A
+//      fragments (the C fragments of two adjacent n-tiles are the A fragment
+//      of one k16 step: no shared memory round trip). Then
+//        acc  = Phi_q S',  dacc = Phi_q z'          (inter-chunk, on mma)
+//        acc *= r_i / s_scale, dacc *= r_i / z_scale (powers of two: exact)
+//        acc += (r A) V,   dacc += (r A) 1           (intra-chunk, on mma)
+//      and o_i = acc / (dacc + eps r_i); query tiles past the diagonal's
+//      k-tiles skip them (masked to zero anyway).
+//   4. S += Phi_k^T V, z += Phi_k^T 1 on mma into the master registers.
+// Every sum is fp32 in a fixed order (deterministic); the causal performer
+// (running key stabiliser) is not implemented here (can_implement).
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const ForwardArgs a) {
+  using Tr = KernelTraits<K>;
+  using T = typename K::T;
+  static_assert(!K::performer, "the causal performer has no tensor-core kernel (can_implement)");
+  static_assert(!mma::IsSame<T, float>::value, "the mma kernels take bf16 or fp16 I/O; fp32 specs use the scalar path");
+  constexpr int C = K::chunk, D = K::D, DVB = K::dv_block, NT = K::threads, NW = NT / 32;
+  static_assert(D % 16 == 0 && DVB % 16 == 0 && C % 16 == 0,
+                "mma kernels need D, dv_block and chunk multiples of 16 (can_implement)");
+  constexpr int PD = mma_row_halves(D), PV = mma_row_halves(DVB);
+  constexpr MmaWarpTiling WS = mma_warp_tiling(KernelKind::state, D, DVB, C, NW);
+  constexpr MmaWarpTiling WO = mma_warp_tiling(KernelKind::output, D, DVB, C, NW);
+  static_assert(WS.fits && WO.fits, "warps do not tile the mma products (can_implement)");
+  constexpr int CN = C / 8;  // n-tiles of one A strip
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::causal_chunk, Tr::dims(C));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);      // (C, PD): phi(q)
+  const T* phi_k_h = reinterpret_cast<const T*>(smem + L.phi_k_h);  // (C, PD): phi(k)
+  const T* v_h = reinterpret_cast<const T*>(smem + L.v_h);          // (C, PV)
+  const T* s_h = reinterpret_cast<const T*>(smem + L.s_h);          // (D, PV)
+  unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
+  unsigned* s_words = reinterpret_cast<unsigned*>(smem + L.s_h);
+  unsigned* z_words = reinterpret_cast<unsigned*>(smem + L.z_h);
+  float* red = smem + L.reduce;
+  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int c0 = blockIdx.y * DVB, seq = a.problem.seq;
+  const float* params = Tr::head_params(a.params, h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int lm = lane >> 3, lr = lane & 7, g = lane >> 2, t = lane & 3;
+  // State tiling (master S, z) and output tiling (query tiles) of this warp.
+  const int sm_ = warp % WS.warps_m, sn = warp / WS.warps_m;
+  const bool with_z = sn == 0;  // warp-uniform; z is needed by every dv block here
+  const int om = warp % WO.warps_m, on = warp / WO.warps_m;
+  const unsigned ones = mma_detail::pack2<T>(1.0f, 1.0f);
+  const T* vbase = static_cast<const T*>(a.v.data) + b * a.v.stride_batch + h * a.v.stride_head;
+  T* out = static_cast<T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
+
+  float sacc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
+  float zacc[WS.m_tiles_per_warp][4];
+#pragma unroll
+  for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < WS.n_tiles_per_warp; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) sacc[i][j][q] = 0.0f;
+  }
+
+  for (int t0 = 0; t0 < seq; t0 += C) {
+    const int valid = min(C, seq - t0);
+    // 1a. phi(q) -> phi_h; this thread's largest |S|, |z| (the master state of the chunks before).
+    load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    float smax = 0.0f, zmax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) zmax = fmaxf(zmax, fabsf(zacc[i][q]));
+#pragma unroll
+      for (int j = 0; j < WS.n_tiles_per_warp; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) smax = fmaxf(smax, fabsf(sacc[i][j][q]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
+      zmax = fmaxf(zmax, __shfl_xor_sync(0xffffffffu, zmax, o));
+    }
+    if (lane == 0) {
+      red[warp] = smax;
+      red[NW + warp] = zmax;
+    }
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 1, 0.0f});
+    mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h), valid, C);
+    smax = red[0];
+    zmax = red[NW];
+    for (int w = 1; w < NW; ++w) {
+      smax = fmaxf(smax, red[w]);
+      zmax = fmaxf(zmax, red[NW + w]);
+    }
+    const float s_scale = mma_detail::pow2_scale(smax), z_scale = mma_detail::pow2_scale(zmax);
+    // 2. S' = S s_scale, z' = z z_scale in T, from the master registers (C fragment positions).
+#pragma unroll
+    for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+      const int f0 = (sm_ + WS.warps_m * i) * 16;
+#pragma unroll
+      for (int j = 0; j < WS.n_tiles_per_warp; ++j) {
+        const int n0 = (sn * WS.n_tiles_per_warp + j) * 8;
+        s_words[((f0 + g) * PV + n0 + 2 * t) / 2] =
+            mma_detail::pack2<T>(sacc[i][j][0] * s_scale, sacc[i][j][1] * s_scale);
+        s_words[((f0 + g + 8) * PV + n0 + 2 * t) / 2] =
+            mma_detail::pack2<T>(sacc[i][j][2] * s_scale, sacc[i][j][3] * s_scale);
+      }
+      // Every column of the ones tile is z: lane 4g holds features f0+g and
+      // f0+g+8; lanes 4g (g even) pack them with lane 4(g+1)'s (whole words).
+      const float z_lo_next = __shfl_down_sync(0xffffffffu, zacc[i][0], 4);
+      const float z_hi_next = __shfl_down_sync(0xffffffffu, zacc[i][2], 4);
+      if (with_z && t == 0 && (g & 1) == 0) {
+        z_words[(f0 + g) / 2] = mma_detail::pack2<T>(zacc[i][0] * z_scale, z_lo_next * z_scale);
+        z_words[(f0 + g + 8) / 2] = mma_detail::pack2<T>(zacc[i][2] * z_scale, z_hi_next * z_scale);
+      }
+    }
+    __syncthreads();
+    // 1b. phi(k) -> phi_k_h, V -> v_h (exact; zero past the chunk end and past dv).
+    load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    for (int e = threadIdx.x; e < C * (DVB / 2); e += NT) {
+      const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
+      float lo = 0.0f, hi = 0.0f;
+      if (r < valid) {
+        const T* row = vbase + (long long)(t0 + r) * a.v.stride_seq + c0;
+        if (c0 + c < K::dv) lo = to_float(row[c]);
+        if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
+      }
+      v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);
+    }
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 0, 0.0f});
+    mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_k_h), valid, C);
+    __syncthreads();
+
+    // 3. Output rows of this chunk.
+    for (int i = 0; i < WO.m_tiles_per_warp; ++i) {
+      const int m0 = (om + WO.warps_m * i) * 16;
+      if (m0 >= valid) break;  // warp-uniform
+      // A strip (16 x C) = Phi_q[m0:m0+16] Phi_k^T; n-tiles past the diagonal stay 0.
+      float sa[CN][4];
+#pragma unroll
+      for (int j = 0; j < CN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) sa[j][q] = 0.0f;
+#pragma unroll
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        unsigned af[4];
+        mma::ldmatrix<4, false>(af, phi_h + (m0 + 8 * (lm & 1) + lr) * PD + k0 + 8 * (lm >> 1));
+#pragma unroll
+        for (int j = 0; j < CN; j += 2) {
+          if (8 * j > m0 + 15) break;  // both n-tiles past the diagonal (warp-uniform)
+          // B = Phi_k^T (features x tokens), stored token-major: no .trans;
+          // matrices: tokens 8j.. / features k0, k0+8, then tokens 8(j+1)...
+          unsigned r[4];
+          mma::ldmatrix<4, false>(r, phi_k_h + (8 * (j + (lm >> 1)) + lr) * PD + k0 + 8 * (lm & 1));
+          const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+          mma::mma_m16n8k16<T>(sa[j], af, b0, sa[j]);
+          mma::mma_m16n8k16<T>(sa[j + 1], af, b1, sa[j + 1]);
+        }
+      }
+      // Mask j <= i (rows m0+g, m0+g+8; columns 8j + 2t + (q&1)) and the rows' largest |A|.
+      float rmax[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < CN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int row = m0 + g + 8 * (q >> 1), col = 8 * j + 2 * t + (q & 1);
+          if (col > row) sa[j][q] = 0.0f;
+          rmax[q >> 1] = fmaxf(rmax[q >> 1], fabsf(sa[j][q]));
+        }
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // the quad holding the row
+        rmax[0] = fmaxf(rmax[0], __shfl_xor_sync(0xffffffffu, rmax[0], o));
+        rmax[1] = fmaxf(rmax[1], __shfl_xor_sync(0xffffffffu, rmax[1], o));
+      }
+      const float rs[2] = {mma_detail::pow2_scale(rmax[0]), mma_detail::pow2_scale(rmax[1])};
+      unsigned pa[CN / 2][4];  // r A as A fragments, one per k16 step of tokens
+#pragma unroll
+      for (int kk = 0; kk < CN / 2; ++kk) {
+        pa[kk][0] = mma_detail::pack2<T>(sa[2 * kk][0] * rs[0], sa[2 * kk][1] * rs[0]);
+        pa[kk][1] = mma_detail::pack2<T>(sa[2 * kk][2] * rs[1], sa[2 * kk][3] * rs[1]);
+        pa[kk][2] = mma_detail::pack2<T>(sa[2 * kk + 1][0] * rs[0], sa[2 * kk + 1][1] * rs[0]);
+        pa[kk][3] = mma_detail::pack2<T>(sa[2 * kk + 1][2] * rs[1], sa[2 * kk + 1][3] * rs[1]);
+      }
+      float acc[WO.n_tiles_per_warp][4];
+      float dacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < WO.n_tiles_per_warp; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+      if (t0 > 0) {  // inter-chunk: Phi_q S', Phi_q z'
+#pragma unroll
+        for (int k0 = 0; k0 < D; k0 += 16) {
+          unsigned af[4];
+          mma::ldmatrix<4, false>(af, phi_h + (m0 + 8 * (lm & 1) + lr) * PD + k0 + 8 * (lm >> 1));
+          mma_detail::b_tiles<T, WO.n_tiles_per_warp, PV>(acc, af, s_h + k0 * PV + on * WO.n_tiles_per_warp * 8,
+                                                           lm, lr);
+          if constexpr (K::normalize) {
+            const unsigned bz[2] = {z_words[(k0 + 2 * t) / 2], z_words[(k0 + 2 * t + 8) / 2]};
+            mma::mma_m16n8k16<T>(dacc, af, bz, dacc);
+          }
+        }
+        // To the rows' scales r_i (powers of two: exact).
+        const float su[2] = {rs[0] / s_scale, rs[1] / s_scale}, zu[2] = {rs[0] / z_scale, rs[1] / z_scale};
+#pragma unroll
+        for (int j = 0; j < WO.n_tiles_per_warp; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[j][q] *= su[q >> 1];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) dacc[q] *= zu[q >> 1];
+      }
+      // Intra-chunk: (r A) [V | 1], k16 steps over the chunk's tokens up to the diagonal.
+#pragma unroll
+      for (int kk = 0; kk < CN / 2; ++kk) {
+        if (16 * kk > m0) break;  // warp-uniform: all masked
+        mma_detail::b_tiles<T, WO.n_tiles_per_warp, PV>(acc, pa[kk],
+                                                         v_h + 16 * kk * PV + on * WO.n_tiles_per_warp * 8, lm, lr);
+        if constexpr (K::normalize) {
+          const unsigned bz[2] = {ones, ones};
+          mma::mma_m16n8k16<T>(dacc, pa[kk], bz, dacc);
+        }
+      }
+      float rinv[2] = {1.0f / rs[0], 1.0f / rs[1]};
+      if constexpr (K::normalize) {
+        rinv[0] = 1.0f / fmaf(K::eps, rs[0], dacc[0]);
+        rinv[1] = 1.0f / fmaf(K::eps, rs[1], dacc[2]);
+      }
+#pragma unroll
+      for (int j = 0; j < WO.n_tiles_per_warp; ++j) {
+        const int n0 = (on * WO.n_tiles_per_warp + j) * 8;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = m0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+          if (r < valid && c < K::dv)
+            out[(long long)(t0 + r) * a.o.stride_seq + c] = from_float<T>(acc[j][q] * rinv[q >> 1]);
+        }
+      }
+    }
+
+    // 4. Master state += Phi_k^T [V | 1] (registers only: no shared writes).
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      if (k0 >= valid) break;  // rows past valid are zero
+#pragma unroll
+      for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+        const int f0 = (sm_ + WS.warps_m * i) * 16;
+        unsigned af[4];
+        mma::ldmatrix<4, true>(af, phi_k_h + (k0 + 8 * (lm >> 1) + lr) * PD + f0 + 8 * (lm & 1));
+        mma_detail::b_tiles<T, WS.n_tiles_per_warp, PV>(sacc[i], af, v_h + k0 * PV + sn * WS.n_tiles_per_warp * 8,
+                                                         lm, lr);
+        if (with_z) {
+          const unsigned bz[2] = {ones, ones};
+          mma::mma_m16n8k16<T>(zacc[i], af, bz, zacc[i]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace lunajit

@@ -39,7 +39,11 @@ std::vector<TileConfig> mma_configs(const AttentionSpec& spec) {
   return out;
 }
 
-int64_t volume(const TileConfig& c) { return int64_t(c.block_tokens()) * c.threads() * c.dv_block() * c.state_splits(); }
+// Causal: the chunk replaces the tile and the splits (the causal kernel reads neither).
+int64_t volume(const AttentionSpec& spec, const TileConfig& c) {
+  return spec.causal ? int64_t(c.chunk()) * c.threads() * c.dv_block()
+                     : int64_t(c.block_tokens()) * c.threads() * c.dv_block() * c.state_splits();
+}
 
 // `full`: the default, smallest and largest mma configs at three shapes;
 // otherwise the default config with mma on at the first shape (host JIT
@@ -48,15 +52,17 @@ struct Case {
   Family family;
   DType dtype;
   bool full;
+  bool causal = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return fmt::format("{}_{}", to_string(info.param.family), to_string(info.param.dtype));
+  return fmt::format("{}_{}{}", to_string(info.param.family), to_string(info.param.dtype),
+                     info.param.causal ? "_causal" : "");
 }
 
 AttentionSpec spec_of(const Case& c) {
   AttentionSpec spec = default_spec(c.family);
-  spec.causal = false;
+  spec.causal = c.causal;
   spec.dtype = c.dtype;
   return spec;
 }
@@ -69,8 +75,8 @@ std::vector<TileConfig> picks(const AttentionSpec& spec, bool full) {
   const TileConfig def = default_config(spec, sm90()).with_mma(true);
   if (can_implement(spec, def, sm90())) out.push_back(def);
   if (!full && !out.empty()) return out;
-  auto by_volume = [](const TileConfig& a, const TileConfig& b) {
-    return volume(a) != volume(b) ? volume(a) < volume(b) : a < b;
+  auto by_volume = [&](const TileConfig& a, const TileConfig& b) {
+    return volume(spec, a) != volume(spec, b) ? volume(spec, a) < volume(spec, b) : a < b;
   };
   for (const TileConfig& c : {*std::min_element(all.begin(), all.end(), by_volume),
                               *std::max_element(all.begin(), all.end(), by_volume)})
@@ -91,8 +97,9 @@ TEST_P(MmaForwardHost, MatchesReference) {
     ASSERT_TRUE(config.mma());
     CheckOptions opt;
     opt.seed = 1;
-    // n not a multiple of any tile; fused QKV strides; b, h > 1 / one token /
-    // several tiles and state splits.
+    // n not a multiple of any tile or chunk; fused QKV strides; b, h > 1 / one
+    // token / several tiles and state splits (causal: several chunks, the last
+    // partial).
     for (auto [shape, layout] : {std::pair{ProblemShape{2, 3, 77}, InputLayout::fused_qkv},
                                  std::pair{ProblemShape{1, 2, 1}, InputLayout::contiguous},
                                  std::pair{ProblemShape{1, 1, 300}, InputLayout::contiguous}}) {
@@ -126,6 +133,11 @@ std::vector<Case> all_cases() {
     if (every || f == Family::luna || f == Family::performer || f == Family::slay)
       cases.push_back({f, DType::bf16, f == Family::luna});
   cases.push_back({Family::luna, DType::fp16, false});
+  // Causal (mma_causal_chunk_kernel): luna bf16 in full (default, smallest and
+  // largest causal mma configs at three shapes), luna fp16, elu bf16 (D = d).
+  cases.push_back({Family::luna, DType::bf16, true, true});
+  cases.push_back({Family::luna, DType::fp16, false, true});
+  cases.push_back({Family::elu, DType::bf16, false, true});
   return cases;
 }
 
@@ -152,12 +164,21 @@ TEST(MmaForwardHostDims, PartialValueBlock) {
 // thread orders (fixed-order reductions, no atomics).
 TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
   // luna in both dtypes; performer for its key-stabiliser pre-pass.
-  for (auto [family, t] : {std::pair{Family::luna, DType::bf16}, std::pair{Family::luna, DType::fp16},
-                           std::pair{Family::performer, DType::bf16}}) {
+  // luna causal in both dtypes (mma_causal_chunk_kernel; n = 33 spans a full
+  // chunk of 16 and a partial one at the config below).
+  struct Sanitized { Family family; DType dtype; bool causal; };
+  for (auto [family, t, causal] : {Sanitized{Family::luna, DType::bf16, false}, Sanitized{Family::luna, DType::fp16, false},
+                                   Sanitized{Family::performer, DType::bf16, false},
+                                   Sanitized{Family::luna, DType::bf16, true}, Sanitized{Family::luna, DType::fp16, true}}) {
     AttentionSpec spec = default_spec(family);
-    spec.causal = false;
+    spec.causal = causal;
     spec.dtype = t;
-    const TileConfig config = default_config(spec, sm90()).with_mma(true);
+    // Causal: chunk 16 so that n = 33 walks three chunks (state carried twice).
+    const TileConfig def = default_config(spec, sm90());
+    const TileConfig config = causal ? TileConfig(def.block_tokens(), def.warps(), def.dv_block(), 16,
+                                                  def.state_splits(), def.phi_backward(), true)
+                                     : def.with_mma(true);
+    SCOPED_TRACE(config.to_string() + (causal ? " causal" : ""));
     ASSERT_TRUE(can_implement(spec, config, sm90()));
     CheckOptions opt;
     opt.shape = {1, 2, 33};
@@ -198,7 +219,15 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   rejects(fp32, on, Pass::forward, "bf16 or fp16");
   AttentionSpec causal = spec;
   causal.causal = true;
-  rejects(causal, on, Pass::forward, "causal");
+  EXPECT_TRUE(can_implement(causal, default_config(causal, sm90()).with_mma(true), sm90()));
+  rejects(causal, TileConfig(64, 4, 64, 8, 4).with_mma(true), Pass::forward, "chunk a multiple of 16");
+  rejects(causal, TileConfig(64, 1, 64, 128, 4).with_mma(true), Pass::forward, "causal kernel would hold");
+  AttentionSpec causal_performer = default_spec(Family::performer);
+  causal_performer.causal = true;
+  causal_performer.dtype = DType::bf16;
+  rejects(causal_performer, default_config(causal_performer, sm90()).with_mma(true), Pass::forward,
+          "causal performer");
+  for (const auto& c : search_space(causal_performer, Pass::forward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
   rejects(spec, on, Pass::backward, "backward");
   rejects(spec, TileConfig(8, 4, 64, 64, 4).with_mma(true), Pass::forward, "block_tokens a multiple of 16");
   rejects(spec, TileConfig(64, 4, 8, 64, 4).with_mma(true), Pass::forward, "dv_block a multiple of 16");
@@ -223,6 +252,11 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   EXPECT_TRUE(space.back().mma());
   EXPECT_TRUE(std::is_partitioned(space.begin(), space.end(), [](const TileConfig& c) { return !c.mma(); }));
   EXPECT_TRUE(sample_space(space, 3, default_config(spec, sm90())).at(2).mma());
+  // The causal space likewise (its CI sample ends on a tensor-core config).
+  const auto causal_space = search_space(causal, Pass::forward, sm90());
+  EXPECT_TRUE(causal_space.back().mma());
+  EXPECT_TRUE(std::is_partitioned(causal_space.begin(), causal_space.end(), [](const TileConfig& c) { return !c.mma(); }));
+  EXPECT_TRUE(sample_space(causal_space, 3, default_config(causal, sm90())).at(2).mma());
   // Backward and fp32 spaces have no mma configs.
   for (const auto& c : search_space(spec, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
   for (const auto& c : search_space(fp32, Pass::forward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();

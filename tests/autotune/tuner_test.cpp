@@ -87,7 +87,7 @@ TEST(EffectiveKnobs, PerPassAndCausality) {
   EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(),
             "block_tokens, warps, dv_block, state_splits, phi_backward");
   s.causal = true;
-  EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "warps, dv_block, chunk");
+  EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "warps, dv_block, chunk, mma");
   EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(), "warps, dv_block, chunk, phi_backward");
   AttentionSpec p = default_spec(Family::performer);
   p.causal = true;  // key_stab tiles by block_tokens
