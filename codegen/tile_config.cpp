@@ -67,11 +67,11 @@ Status can_implement_mma(const AttentionSpec& spec, const TileConfig& c, Pass pa
                                           c.dv_block()));
     }
     const int acc = mma_causal_accumulators(D, c.dv_block(), c.chunk(), c.warps());
-    if (acc > kMaxMmaAccumulatorsPerThread)
+    if (acc > kMaxMmaCausalAccumulatorsPerThread)
       return Error::invalid(fmt::format("{}: mma = true: the causal kernel would hold {} fp32 accumulators per "
                                         "thread (state, A strip, output); at most {} fit in registers (use more "
                                         "warps, a smaller chunk or a smaller dv_block)",
-                                        name, acc, kMaxMmaAccumulatorsPerThread));
+                                        name, acc, kMaxMmaCausalAccumulatorsPerThread));
     return ok_status();
   }
   if (c.block_tokens() % 16 != 0)

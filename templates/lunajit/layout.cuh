@@ -183,16 +183,19 @@ inline constexpr int kMaxMmaAccumulatorsPerThread = 96;
 // The causal mma kernel (mma_causal_chunk_kernel) runs both tilings in one
 // block: the state tiling over (D, dv_block) holds the fp32 master state
 // (S, z) in registers for the whole sequence, and the output tiling over
-// (chunk, dv_block) walks the chunk's 16-row query tiles, each first computing
-// its 16 x chunk strip of A = Phi_q Phi_k^T (fp32, 4 chunk/8 registers), then
-// packing it to 16-bit A fragments (2 chunk/8) next to the output and
-// denominator accumulators. Peak fp32/packed registers per thread:
+// (chunk, dv_block) walks the chunk's 16-row query tiles, each holding its
+// output and denominator accumulators (the inter-chunk term, computed first)
+// while it computes its 16 x chunk strip of A = Phi_q Phi_k^T (fp32, 4 chunk/8
+// registers) and packs it to 16-bit A fragments (2 chunk/8). Peak fp32 (and
+// packed) registers per thread, bounded by kMaxMmaCausalAccumulatorsPerThread
+// (more than the non-causal 96: ptxas keeps the default causal config, 104,
+// spill-free on sm_80 and sm_90, tests/runtime_nvrtc/mma_forward_compile_test.cpp):
 LUNAJIT_HOST_DEVICE constexpr int mma_causal_accumulators(int D, int dv_block, int chunk, int warps) {
   const MmaWarpTiling s = mma_warp_tiling(KernelKind::state, D, dv_block, chunk, warps);
   const MmaWarpTiling o = mma_warp_tiling(KernelKind::output, D, dv_block, chunk, warps);
-  const int strip = 4 * (chunk / 8), packed = 2 * (chunk / 8);
-  return s.accumulators + (strip > packed + o.accumulators ? strip : packed + o.accumulators);
+  return s.accumulators + o.accumulators + 4 * (chunk / 8);
 }
+inline constexpr int kMaxMmaCausalAccumulatorsPerThread = 128;
 
 // ---------------------------------------------------------------- backward
 

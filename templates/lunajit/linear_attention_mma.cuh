@@ -344,17 +344,18 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 //   2. The fp32 master state (S, z) of the chunks before, held in the state
 //      tiling's registers (as mma_state_block), scaled by powers of two so its
 //      largest magnitude lies in [1, 2) and rounded to T into s_h, z_h.
-//   3. Each warp, per 16-row query tile m0: the strip A = Phi_q Phi_k^T
-//      (16 x C, fp32 C fragments; B = Phi_k by ldmatrix.x4 without .trans),
-//      masked to j <= i, scaled per row by a power of two r_i (largest |A_ij|
-//      of the row in [1, 2); a quad shuffle) and packed into 16-bit A
-//      fragments (the C fragments of two adjacent n-tiles are the A fragment
-//      of one k16 step: no shared memory round trip). Then
-//        acc  = Phi_q S',  dacc = Phi_q z'          (inter-chunk, on mma)
-//        acc *= r_i / s_scale, dacc *= r_i / z_scale (powers of two: exact)
-//        acc += (r A) V,   dacc += (r A) 1           (intra-chunk, on mma)
-//      and o_i = acc / (dacc + eps r_i); query tiles past the diagonal's
-//      k-tiles skip them (masked to zero anyway).
+//   3. Each warp, per 16-row query tile m0:
+//        acc  = Phi_q S' / s_scale,  dacc = Phi_q z' / z_scale  (inter-chunk,
+//        on mma; the unscaling by a power of two is exact);
+//      then the strip A = Phi_q Phi_k^T (16 x C, fp32 C fragments; B = Phi_k
+//      by ldmatrix.x4 without .trans), masked to j <= i. One power of two r_i
+//      per row brings the row's largest |A_ij|, |acc|, |dacc| into [1, 2) (a
+//      quad shuffle): r A is packed into 16-bit A fragments (the C fragments
+//      of two adjacent n-tiles are the A fragment of one k16 step: no shared
+//      memory round trip; fp16 cannot overflow, and no product of scales can),
+//        acc *= r_i, dacc *= r_i;  acc += (r A) V,  dacc += (r A) 1  (on mma)
+//      and o_i = acc / (dacc + eps r_i). n-tiles and k16 steps past the
+//      diagonal are skipped (masked to zero anyway).
 //   4. S += Phi_k^T V, z += Phi_k^T 1 on mma into the master registers.
 // Every sum is fp32 in a fixed order (deterministic); the causal performer
 // (running key stabiliser) is not implemented here (can_implement).
@@ -441,6 +442,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
       zmax = fmaxf(zmax, red[NW + w]);
     }
     const float s_scale = mma_detail::pow2_scale(smax), z_scale = mma_detail::pow2_scale(zmax);
+    const float s_unscale = 1.0f / s_scale, z_unscale = 1.0f / z_scale;  // powers of two: exact
     // 2. S' = S s_scale, z' = z z_scale in T, from the master registers (C fragment positions).
 #pragma unroll
     for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
@@ -485,6 +487,40 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
     for (int i = 0; i < WO.m_tiles_per_warp; ++i) {
       const int m0 = (om + WO.warps_m * i) * 16;
       if (m0 >= valid) break;  // warp-uniform
+      // Inter-chunk: acc = Phi_q S', dacc = Phi_q z' (scaled by s_scale, z_scale).
+      float acc[WO.n_tiles_per_warp][4];
+      float dacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < WO.n_tiles_per_warp; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+      if (t0 > 0) {
+#pragma unroll
+        for (int k0 = 0; k0 < D; k0 += 16) {
+          unsigned af[4];
+          mma::ldmatrix<4, false>(af, phi_h + (m0 + 8 * (lm & 1) + lr) * PD + k0 + 8 * (lm >> 1));
+          mma_detail::b_tiles<T, WO.n_tiles_per_warp, PV>(acc, af, s_h + k0 * PV + on * WO.n_tiles_per_warp * 8,
+                                                           lm, lr);
+          if constexpr (K::normalize) {
+            const unsigned bz[2] = {z_words[(k0 + 2 * t) / 2], z_words[(k0 + 2 * t + 8) / 2]};
+            mma::mma_m16n8k16<T>(dacc, af, bz, dacc);
+          }
+        }
+      }
+      // Back to true magnitudes (powers of two: exact) and the rows' largest of them.
+      float rmax[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < WO.n_tiles_per_warp; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[j][q] *= s_unscale;
+          rmax[q >> 1] = fmaxf(rmax[q >> 1], fabsf(acc[j][q]));
+        }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        dacc[q] *= z_unscale;
+        rmax[q >> 1] = fmaxf(rmax[q >> 1], fabsf(dacc[q]));
+      }
       // A strip (16 x C) = Phi_q[m0:m0+16] Phi_k^T; n-tiles past the diagonal stay 0.
       float sa[CN][4];
 #pragma unroll
@@ -507,8 +543,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
           mma::mma_m16n8k16<T>(sa[j + 1], af, b1, sa[j + 1]);
         }
       }
-      // Mask j <= i (rows m0+g, m0+g+8; columns 8j + 2t + (q&1)) and the rows' largest |A|.
-      float rmax[2] = {0.0f, 0.0f};
+      // Mask j <= i (rows m0+g, m0+g+8; columns 8j + 2t + (q&1)).
 #pragma unroll
       for (int j = 0; j < CN; ++j)
 #pragma unroll
@@ -522,6 +557,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
         rmax[0] = fmaxf(rmax[0], __shfl_xor_sync(0xffffffffu, rmax[0], o));
         rmax[1] = fmaxf(rmax[1], __shfl_xor_sync(0xffffffffu, rmax[1], o));
       }
+      // Row scale r_i: the row's largest |A_ij|, |num_inter|, |den_inter| in [1, 2).
       const float rs[2] = {mma_detail::pow2_scale(rmax[0]), mma_detail::pow2_scale(rmax[1])};
       unsigned pa[CN / 2][4];  // r A as A fragments, one per k16 step of tokens
 #pragma unroll
@@ -531,33 +567,12 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
         pa[kk][2] = mma_detail::pack2<T>(sa[2 * kk + 1][0] * rs[0], sa[2 * kk + 1][1] * rs[0]);
         pa[kk][3] = mma_detail::pack2<T>(sa[2 * kk + 1][2] * rs[1], sa[2 * kk + 1][3] * rs[1]);
       }
-      float acc[WO.n_tiles_per_warp][4];
-      float dacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < WO.n_tiles_per_warp; ++j)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-      if (t0 > 0) {  // inter-chunk: Phi_q S', Phi_q z'
+        for (int q = 0; q < 4; ++q) acc[j][q] *= rs[q >> 1];
 #pragma unroll
-        for (int k0 = 0; k0 < D; k0 += 16) {
-          unsigned af[4];
-          mma::ldmatrix<4, false>(af, phi_h + (m0 + 8 * (lm & 1) + lr) * PD + k0 + 8 * (lm >> 1));
-          mma_detail::b_tiles<T, WO.n_tiles_per_warp, PV>(acc, af, s_h + k0 * PV + on * WO.n_tiles_per_warp * 8,
-                                                           lm, lr);
-          if constexpr (K::normalize) {
-            const unsigned bz[2] = {z_words[(k0 + 2 * t) / 2], z_words[(k0 + 2 * t + 8) / 2]};
-            mma::mma_m16n8k16<T>(dacc, af, bz, dacc);
-          }
-        }
-        // To the rows' scales r_i (powers of two: exact).
-        const float su[2] = {rs[0] / s_scale, rs[1] / s_scale}, zu[2] = {rs[0] / z_scale, rs[1] / z_scale};
-#pragma unroll
-        for (int j = 0; j < WO.n_tiles_per_warp; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) acc[j][q] *= su[q >> 1];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) dacc[q] *= zu[q >> 1];
-      }
+      for (int q = 0; q < 4; ++q) dacc[q] *= rs[q >> 1];
       // Intra-chunk: (r A) [V | 1], k16 steps over the chunk's tokens up to the diagonal.
 #pragma unroll
       for (int kk = 0; kk < CN / 2; ++kk) {

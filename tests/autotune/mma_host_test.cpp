@@ -192,7 +192,7 @@ TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
       auto rep = check_forward(backend, spec, config, opt);
       ASSERT_TRUE(rep.ok()) << rep.error().message;
       EXPECT_TRUE(rep->pass) << rep->rel_rms;
-      EXPECT_GE(backend.sanitized_launches(), 2u);
+      EXPECT_GE(backend.sanitized_launches(), causal ? 1u : 2u);  // causal: the one chunk-walk kernel
       EXPECT_TRUE(backend.last_findings().empty());
       reps.push_back(*rep);
     }

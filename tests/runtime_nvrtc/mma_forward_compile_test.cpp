@@ -1,6 +1,7 @@
 // Static evidence for the tensor-core forward (TileConfig::mma): the default
-// LUNA spec's non-causal state and output kernels, compiled by NVRTC for sm_80
-// and sm_90, contain mma.sync and ldmatrix and do not spill; the scalar kernels
+// LUNA spec's non-causal state and output kernels and its causal chunk kernel,
+// compiled by NVRTC for sm_80 and sm_90, contain mma.sync and ldmatrix and do
+// not spill; the scalar kernels
 // of the default config contain no mma. Prints each kernel's registers, spills
 // and PTX census (mma, ldmatrix, fma, ld.shared, ld.global) for the record.
 // Not asserted: the scalar default kernels' spills (the sm_90 scalar
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "codegen/generator.h"
+#include "codegen/launch_plan.h"
 #include "runtime/nvrtc_compiler.h"
 
 namespace lunajit {
@@ -38,13 +40,13 @@ Census census(const std::string& t) {
           count(t, "ld.shared"), count(t, "ld.global")};
 }
 
-class MmaForwardNvrtc : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+class MmaForwardNvrtc : public ::testing::TestWithParam<std::tuple<int, DType, bool>> {};
 
 TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
-  const auto [sm, dtype] = GetParam();
+  const auto [sm, dtype, causal] = GetParam();
   const Arch arch = arch_from_sm(sm).value_or_throw();
   AttentionSpec spec = default_spec(Family::luna);
-  spec.causal = false;
+  spec.causal = causal;
   spec.dtype = dtype;
   const TileConfig scalar = default_config(spec, arch);
   const TileConfig tc = scalar.with_mma(true);
@@ -59,9 +61,13 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
     ASSERT_EQ(r->resources.size(), src.entries.size());
     for (const KernelResources& res : r->resources) {
       const Census c = census(entry_text(r->ptx, res.lowered_name));
-      std::printf("sm_%d %s %-45s regs %3d spill st/ld %d/%d  mma %3d ldmatrix %3d fma %4d ld.shared %4d "
+      int64_t dyn_smem = -1;  // dynamic shared memory of the entry's role (launch_plan)
+      for (const KernelEntry& e : src.entries)
+        if (e.name_expression == res.name_expression) dyn_smem = dynamic_smem_bytes(spec, config, e.role);
+      std::printf("sm_%d %s %-10s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma %4d ld.shared %4d "
                   "ld.global %3d\n",
-                  sm, std::string(to_string(dtype)).c_str(), res.name_expression.c_str(), res.registers,
+                  sm, std::string(to_string(dtype)).c_str(), causal ? "causal" : "non-causal",
+                  res.name_expression.c_str(), res.registers, static_cast<long long>(dyn_smem),
                   res.spill_stores, res.spill_loads, c.mma, c.ldmatrix, c.fma, c.ld_shared, c.ld_global);
       const bool tensor_core = res.name_expression.rfind("lunajit::mma_", 0) == 0;
       if (config.mma()) {
@@ -86,10 +92,12 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, MmaForwardNvrtc,
-                         ::testing::Combine(::testing::Values(80, 90), ::testing::Values(DType::bf16, DType::fp16)),
+                         ::testing::Combine(::testing::Values(80, 90), ::testing::Values(DType::bf16, DType::fp16),
+                                            ::testing::Values(false, true)),
                          [](const auto& info) {
                            return "sm_" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  std::string(to_string(std::get<1>(info.param)));
+                                  std::string(to_string(std::get<1>(info.param))) +
+                                  (std::get<2>(info.param) ? "_causal" : "");
                          });
 
 }  // namespace
