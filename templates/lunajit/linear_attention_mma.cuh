@@ -1,7 +1,9 @@
-// Non-causal forward on tensor cores (mma.sync m16n8k16, bf16/fp16 operands,
-// fp32 accumulation): the TileConfig knob `mma` selects these kernels for the
-// state and output roles of a bf16/fp16 spec (codegen/generator.cpp); fp32
-// specs keep the exact scalar kernels of linear_attention.cuh.
+// Forward on tensor cores (mma.sync m16n8k16, bf16/fp16 operands, fp32
+// accumulation): the TileConfig knob `mma` selects these kernels for the
+// state and output roles (non-causal) and the causal_chunk role (causal, not
+// performer: mma_causal_chunk_kernel at the end of this file) of a bf16/fp16
+// spec (codegen/generator.cpp); fp32 specs keep the exact scalar kernels of
+// linear_attention.cuh.
 //
 // mma_state_kernel, grid (batch*heads, state_splits, dv blocks), as
 // state_kernel: S_aug = Phi_k^T [V | 1] over the block's share of the
