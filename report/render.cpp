@@ -64,7 +64,7 @@ const char* kMethod =
     "including the feature map recomputed per dv block. Predicted time = max(bytes / DRAM bandwidth, FLOPs / FP32 "
     "peak) on the arch's GPU (no tensor cores yet). Occupancy is theoretical: blocks per SM limited by threads, "
     "registers (256 per warp allocation unit, 4 sub-partitions), shared memory (128 B units + 1 KiB reserved per "
-    "block on sm_80+) and the block limit. Formulas: report/cost_model.h, report/occupancy.h.";
+    "block on sm_80+) and the block limit. Formulas: codegen/cost_model.h, codegen/occupancy.h.";
 
 std::vector<std::string> arch_order(const json& r) {
   std::vector<std::string> out;
@@ -327,7 +327,7 @@ const std::vector<TableColumn>& kernel_table_columns() {
       {"FLOP/B", "/cost/arithmetic_intensity", true},
       {"GPU", "/gpu", false},
       {"predicted ms", "/predicted/time_ms", true},
-      {"bound", "/predicted/bound", false},
+      {"limited by", "/predicted/limiter", false},
       {"measured ms", "/measured/time_ms", true},
       {"GB/s", "/measured/gbps", true},
       {"TFLOP/s", "/measured/tflops", true},

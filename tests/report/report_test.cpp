@@ -23,7 +23,7 @@
 #include "autotune/tuner.h"
 #include "cache/binary_cache.h"
 #include "cache/tuning_db.h"
-#include "report/cost_model.h"
+#include "codegen/cost_model.h"
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
 #include "report/render.h"
@@ -55,7 +55,7 @@ struct HandCase {
   double fm_bytes, fm_flops, state_bytes, state_flops, output_bytes, output_flops, causal_bytes, causal_flops;
 };
 
-// Worked by hand from the formulas in report/cost_model.h.
+// Worked by hand from the formulas in codegen/cost_model.h.
 // Shape A: B 2, H 4, N 128: BH = 8, nt = 2, two full chunks.
 //   params 4 * 1160 * 4 = 18560 B
 //   feature_map: 8*128*64*2 + 4*8*128*64 + 18560 = 411776 B; 8*128*10880 = 11141120 FLOPs
@@ -82,18 +82,18 @@ TEST(CostModel, HandComputedBytesAndFlops) {
   AttentionSpec spec = default_spec(Family::luna);
   for (const HandCase& h : kHandCases) {
     SCOPED_TRACE(fmt::format("shape {},{},{}", h.shape.batch, h.shape.heads, h.shape.seq));
-    auto fm = kernel_cost(spec, kConfig, Pass::feature_map, "feature_map", h.shape).value_or_throw();
+    auto fm = kernel_counts(spec, kConfig, Pass::feature_map, "feature_map", h.shape).value_or_throw();
     EXPECT_EQ(fm.bytes, h.fm_bytes);
     EXPECT_EQ(fm.flops, h.fm_flops);
-    auto st = kernel_cost(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
+    auto st = kernel_counts(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
     EXPECT_EQ(st.bytes, h.state_bytes);
     EXPECT_EQ(st.flops, h.state_flops);
-    auto out = kernel_cost(spec, kConfig, Pass::forward, "output", h.shape).value_or_throw();
+    auto out = kernel_counts(spec, kConfig, Pass::forward, "output", h.shape).value_or_throw();
     EXPECT_EQ(out.bytes, h.output_bytes);
     EXPECT_EQ(out.flops, h.output_flops);
     AttentionSpec causal = spec;
     causal.causal = true;
-    auto cc = kernel_cost(causal, kConfig, Pass::forward, "causal_chunk", h.shape).value_or_throw();
+    auto cc = kernel_counts(causal, kConfig, Pass::forward, "causal_chunk", h.shape).value_or_throw();
     EXPECT_EQ(cc.bytes, h.causal_bytes);
     EXPECT_EQ(cc.flops, h.causal_flops);
   }
@@ -106,7 +106,7 @@ struct BackwardHandCase {
   double reduce_bytes, reduce_flops, causal_reduce_bytes, causal_reduce_flops;
 };
 
-// Worked by hand from the backward formulas in report/cost_model.h, same spec and
+// Worked by hand from the backward formulas in codegen/cost_model.h, same spec and
 // config as above (normalized, learned params, P = 1160, part = D dv + D = 4160):
 //   F = 10880 (q and k alike), J = 2F = 21760 (the estimate), den row 2D + 1 = 129,
 //   grad row 3dv + 2 = 194.
@@ -161,7 +161,7 @@ TEST(CostModel, BackwardHandComputedBytesAndFlops) {
     SCOPED_TRACE(fmt::format("shape {},{},{}", h.shape.batch, h.shape.heads, h.shape.seq));
     auto expect = [&](const AttentionSpec& sp, const char* role, double bytes, double flops) {
       SCOPED_TRACE(role);
-      auto k = kernel_cost(sp, kConfig, Pass::backward, role, h.shape).value_or_throw();
+      auto k = kernel_counts(sp, kConfig, Pass::backward, role, h.shape).value_or_throw();
       EXPECT_EQ(k.bytes, bytes);
       EXPECT_EQ(k.flops, flops);
     };
@@ -173,8 +173,8 @@ TEST(CostModel, BackwardHandComputedBytesAndFlops) {
     expect(causal, "causal_dkv", h.causal_dkv_bytes, h.causal_dkv_flops);
     expect(causal, "param_reduce", h.causal_reduce_bytes, h.causal_reduce_flops);
     // The backward's state pass is the forward's.
-    auto fwd = kernel_cost(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
-    auto bwd = kernel_cost(spec, kConfig, Pass::backward, "state", h.shape).value_or_throw();
+    auto fwd = kernel_counts(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
+    auto bwd = kernel_counts(spec, kConfig, Pass::backward, "state", h.shape).value_or_throw();
     EXPECT_EQ(fwd.bytes, bwd.bytes);
     EXPECT_EQ(fwd.flops, bwd.flops);
   }
@@ -182,19 +182,19 @@ TEST(CostModel, BackwardHandComputedBytesAndFlops) {
 
 TEST(CostModel, UnknownKernelsHaveNoFormula) {
   const AttentionSpec spec = default_spec(Family::luna);
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "mystery", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "mystery", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "key_stab", {1, 1, 8}));  // not performer
-  EXPECT_TRUE(kernel_cost(default_spec(Family::performer), kConfig, Pass::forward, "key_stab", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::forward, "mystery", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::backward, "mystery", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::forward, "key_stab", {1, 1, 8}));  // not performer
+  EXPECT_TRUE(kernel_counts(default_spec(Family::performer), kConfig, Pass::forward, "key_stab", {1, 1, 8}));
   // Backward kernels exist only in the backward pass, and the forward-only ones not there.
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "dq", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "output", {1, 1, 8}));
-  EXPECT_TRUE(kernel_cost(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::forward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::backward, "output", {1, 1, 8}));
+  EXPECT_TRUE(kernel_counts(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
   // param_reduce only for a family that learns parameters; key_stab in the backward as in the forward.
-  EXPECT_FALSE(kernel_cost(default_spec(Family::elu), kConfig, Pass::backward, "param_reduce", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(default_spec(Family::elu), kConfig, Pass::backward, "param_reduce", {1, 1, 8}));
   const AttentionSpec perf = default_spec(Family::performer);
-  auto fwd = kernel_cost(perf, kConfig, Pass::forward, "key_stab", {1, 2, 8}).value_or_throw();
-  auto bwd = kernel_cost(perf, kConfig, Pass::backward, "key_stab", {1, 2, 8}).value_or_throw();
+  auto fwd = kernel_counts(perf, kConfig, Pass::forward, "key_stab", {1, 2, 8}).value_or_throw();
+  auto bwd = kernel_counts(perf, kConfig, Pass::backward, "key_stab", {1, 2, 8}).value_or_throw();
   EXPECT_EQ(fwd.bytes, bwd.bytes);
   EXPECT_EQ(fwd.flops, bwd.flops);
 }
@@ -205,26 +205,12 @@ TEST(CostModel, EveryBackwardKernelOfEveryFamilyHasAFormula) {
       AttentionSpec spec = default_spec(f);
       spec.causal = c;
       for (const std::string& role : kernel_roles(spec, Pass::backward)) {
-        auto k = kernel_cost(spec, kConfig, Pass::backward, role, {1, 2, 100});
+        auto k = kernel_counts(spec, kConfig, Pass::backward, role, {1, 2, 100});
         ASSERT_TRUE(k) << to_string(f) << " " << role << ": " << k.error().message;
         EXPECT_GT(k->bytes, 0) << role;
         EXPECT_GT(k->flops, 0) << role;
       }
     }
-}
-
-TEST(CostModel, RooflineTakesTheSlowerLimb) {
-  const GpuSpec* h100 = find_gpu("h100");
-  ASSERT_NE(h100, nullptr);
-  // 3.35e12 B/s, 67e12 FLOP/s: 3.35 GB takes 1 ms; 67 GFLOP takes 1 ms.
-  auto t = roofline_time({3.35e9, 6.7e9}, *h100);
-  EXPECT_NEAR(t.memory_ms, 1.0, 1e-12);
-  EXPECT_NEAR(t.compute_ms, 0.1, 1e-12);
-  EXPECT_EQ(t.time_ms, t.memory_ms);
-  EXPECT_EQ(t.bound, "memory");
-  t = roofline_time({3.35e9, 6.7e11}, *h100);
-  EXPECT_NEAR(t.time_ms, 10.0, 1e-9);
-  EXPECT_EQ(t.bound, "compute");
 }
 
 // ------------------------------------------------------------------ occupancy
@@ -391,7 +377,7 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
     AttentionSpec spec = default_spec(Family::luna);
     spec.causal = k["causal"].get<bool>();
     const ProblemShape shape{k["shape"]["batch"], k["shape"]["heads"], k["shape"]["seq"]};
-    const auto cost = kernel_cost(spec, config, parse_pass(k["pass"].get<std::string>()).value_or_throw(),
+    const auto cost = kernel_counts(spec, config, parse_pass(k["pass"].get<std::string>()).value_or_throw(),
                                   k["kernel"].get<std::string>(), shape)
                           .value_or_throw();
     EXPECT_EQ(k["cost"]["bytes"].get<double>(), cost.bytes);
