@@ -14,6 +14,7 @@
 #include "codegen/gpu_specs.h"
 #include "codegen/cost_model.h"
 #include "report/measure.h"
+#include "report/ptx_census.h"
 #include "report/occupancy.h"
 #include "autotune/validation.h"
 #include "runtime/host/host_backend.h"
@@ -129,7 +130,10 @@ json arch_json(const Arch& a, const GpuSpec* gpu, bool gpu_is_device) {
 // Compiles once per (source, arch); the resources of every kernel of a source.
 class ResourceTable {
  public:
-  explicit ResourceTable(BinaryCache* cache) { opts_.cache = cache; }
+  explicit ResourceTable(BinaryCache* cache) {
+    opts_.cache = cache;
+    opts_.emit_ptx = true;  // for the PTX census (report/ptx_census.h)
+  }
   const Result<CompiledKernel>& get(const KernelSource& src, const Arch& arch) {
     const std::string key = src.content_hash() + arch.name();
     auto it = compiled_.find(key);
@@ -257,6 +261,14 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
                                         {"spill_loads", res->spill_loads},
                                         {"stack_bytes", res->stack_bytes}}
                                  : json(nullptr);
+            k["ptx_census"] = nullptr;
+            if (res && compiled) {
+              if (auto ln = compiled->lowered_names.find(entry.name_expression); ln != compiled->lowered_names.end()) {
+                const PtxCensus census = ptx_census(compiled->ptx, ln->second);
+                if (census.found) k["ptx_census"] = census.to_json();
+                else knotes.push_back("no PTX census: the PTX has no entry " + ln->second);
+              }
+            }
             if (res && launch) {
               const Occupancy o = theoretical_occupancy(
                   arch, {int(launch->threads), res->registers, res->smem_bytes, launch->smem_bytes});

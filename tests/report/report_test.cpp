@@ -26,6 +26,7 @@
 #include "codegen/cost_model.h"
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
+#include "report/ptx_census.h"
 #include "report/render.h"
 #include "report/report_reader.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -249,6 +250,58 @@ TEST(Occupancy, EachLimit) {
   EXPECT_EQ(o.blocks_per_sm, 0);
 }
 
+// ------------------------------------------------------------------ PTX census
+TEST(PtxCensus, CountsEachKindInTheNamedEntryOnly) {
+  const std::string ptx = R"(
+.version 8.8
+.target sm_90
+.visible .entry _Zother(
+	.param .u64 p
+)
+{
+	fma.rn.f32 	%f1, %f2, %f3, %f4;
+}
+.visible .entry _Zmine(
+	.param .u64 p
+)
+{
+	.reg .f32 	%f<9>;
+	// fma.rn.f32 in a comment is not an instruction
+$L__BB0_1:
+	ld.global.nc.v4.f32 	{%f1, %f2, %f3, %f4}, [%rd1];
+	@%p1 ld.shared.f32 	%f5, [%r1];
+	@!%p2 ld.shared.v2.f32 	{%f6, %f7}, [%r2];
+	st.shared.f32 	[%r3], %f5;
+	fma.rn.f32 	%f8, %f5, %f6, %f8;
+	fma.rn.ftz.f32 	%f8, %f5, %f7, %f8;
+	{
+	mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1, %f2, %f3, %f4}, {%r4, %r5, %r6, %r7}, {%r8, %r9}, {%f1, %f2, %f3, %f4};
+	}
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r4, %r5, %r6, %r7}, [%r10];
+	cp.async.cg.shared.global [%r11], [%rd2], 16;
+	cp.async.commit_group;
+	cp.async.wait_group 0;
+	ex2.approx.ftz.f32 	%f1, %f1;
+	rcp.rn.f32 	%f2, %f2;
+	st.global.f32 	[%rd3], %f8;
+	ret;
+}
+)";
+  const PtxCensus c = ptx_census(ptx, "_Zmine");
+  ASSERT_TRUE(c.found);
+  EXPECT_EQ(c.fma, 2);
+  EXPECT_EQ(c.ld_global, 1);
+  EXPECT_EQ(c.ld_shared, 2);
+  EXPECT_EQ(c.st_shared, 1);
+  EXPECT_EQ(c.st_global, 1);
+  EXPECT_EQ(c.mma, 1);
+  EXPECT_EQ(c.ldmatrix, 1);
+  EXPECT_EQ(c.cp_async, 1);  // the copy, not the commit or the wait
+  EXPECT_EQ(c.sfu, 2);
+  EXPECT_EQ(ptx_census(ptx, "_Zother").fma, 1);
+  EXPECT_FALSE(ptx_census(ptx, "_Zmissing").found);
+}
+
 TEST(Shapes, ParseAndReject) {
   auto s = parse_shapes("2,8,1024;1,16,4096").value_or_throw();
   ASSERT_EQ(s.size(), 2u);
@@ -382,6 +435,12 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
                           .value_or_throw();
     EXPECT_EQ(k["cost"]["bytes"].get<double>(), cost.bytes);
     EXPECT_EQ(k["cost"]["flops"].get<double>(), cost.flops);
+    EXPECT_EQ(k["cost"]["shared_wavefronts"].get<double>(), cost.smem_wavefronts);
+    // The model's limiting resource, and the compiled kernel's PTX census.
+    EXPECT_FALSE(k["predicted"]["limiter"].get<std::string>().empty());
+    ASSERT_FALSE(k["ptx_census"].is_null()) << k["kernel"];
+    EXPECT_GT(k["ptx_census"]["ld_global"].get<int64_t>() + k["ptx_census"]["ld_shared"].get<int64_t>(), 0)
+        << k["kernel"] << ": a kernel that loads nothing";
   }
   EXPECT_EQ(archs, (std::set<std::string>{"sm_80", "sm_90", "sm_100"}));
   EXPECT_TRUE(roles.count("feature_map:feature_map"));
