@@ -2,7 +2,7 @@
 // default-config kernels of the default LUNA spec (forward and backward, sm_90)
 // with the binary cache off under several option sets and prints the wall
 // time of each, plus NVRTC's own phase split (--time=<file>: front end, NVVM
-// optimizer, ptxas). Usage: nvrtc_time [repeats] [pch_dir]
+// optimizer, ptxas). Usage: nvrtc_time [repeats] [pch_dir] [verbose]
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -19,6 +19,7 @@ using namespace lunajit;
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::string pch_dir = argc > 2 ? argv[2] : "/tmp/lunajit_pch";
+  const bool verbose = argc > 3;  // full error messages (e.g. why --pch fails)
   const Arch arch = arch_from_sm(90).value_or_throw();
   struct Variant { const char* name; std::vector<std::string> extra; };
   const std::vector<Variant> variants = {
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
             int regs = 0, spill = 0;
             if (k) for (auto& res : k->resources) { regs = std::max(regs, res.registers); spill += res.spill_stores; }
             std::printf("  %-22s run %d: %6.3f s  %s max regs %d spill %d\n", v.name, r, s,
-                        k ? "ok" : k.error().message.substr(0, 120).c_str(), regs, spill);
+                        k ? "ok" : k.error().message.substr(0, verbose ? std::string::npos : 120).c_str(), regs, spill);
           }
         }
         std::ifstream t("/tmp/lunajit_nvrtc_time.csv");
