@@ -208,14 +208,18 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       for (size_t i = 0; i < space.size(); ++i) {
         if (keep[i]) {
           configs.push_back(space[i]);
-          kept_ms.push_back(model_ms[i]);
+          kept_ms.push_back(std::isfinite(model_ms[i]) ? model_ms[i] : 0);
           continue;
         }
         CandidateResult r;
         r.config = space[i];
-        r.model_ms = model_ms[i];
-        r.ms = model_ms[i];
-        r.status = fmt::format("pruned (model rank {} of {})", rank_of[i], space.size());
+        // A config the model cannot predict ranks last; its row keeps a finite
+        // ms (JSON has no infinity) and says why.
+        const bool predicted = std::isfinite(model_ms[i]);
+        r.model_ms = predicted ? model_ms[i] : 0;
+        r.ms = r.model_ms;
+        r.status = predicted ? fmt::format("pruned (model rank {} of {})", rank_of[i], space.size())
+                             : fmt::format("pruned (model rank {} of {}: no prediction)", rank_of[i], space.size());
         pruned_rows.push_back(std::move(r));
       }
       model_ms = std::move(kept_ms);

@@ -87,7 +87,7 @@ struct CandidateResult {
   double ms = 0;                // measured median or predicted
   std::string status;           // "ok", "wrong output: ...", "compile failed: ...", "slow (rejected early)",
                                 // "pruned (model rank r of n)"
-  double model_ms = 0;          // step 1's pre-ranking prediction (0 when exhaustive)
+  double model_ms = 0;          // step 1's pre-ranking prediction at the first pending shape (0 when exhaustive)
 };
 
 struct TuneResult {
