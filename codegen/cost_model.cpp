@@ -228,10 +228,11 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
 
 }  // namespace
 
-bool uses_tensor_cores(const AttentionSpec&, const TileConfig&, Pass) {
-  // No generated kernel computes on tensor cores yet; the tensor-core kernels
-  // (issue 11 item 1) answer this from their config knob.
-  return false;
+bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  // TileConfig::mma: the non-causal forward's state and output products of a
+  // bf16/fp16 spec on mma.sync (templates/lunajit/linear_attention_mma.cuh);
+  // the feature map stays on CUDA cores. Every other kernel is scalar.
+  return config.mma() && pass == Pass::forward && !spec.causal && spec.dtype != DType::fp32;
 }
 
 double feature_map_flops_per_token(const AttentionSpec& s, bool is_query) {

@@ -42,8 +42,8 @@
 //   DRAM bytes and FLOPs: the conventions below (unchanged from the report's
 //   former model). FLOPs are executed on CUDA cores (cuda_flops) unless the
 //   kernel computes its GEMM-shaped products on tensor cores
-//   (uses_tensor_cores: none of today's kernels; when a config knob for the
-//   mma kernels exists, those products move to tc_flops and the rest stays).
+//   (uses_tensor_cores: TileConfig::mma, the non-causal forward's state and
+//   output kernels): those products move to tc_flops, phi and the rest stay.
 //
 //   Shared-memory (L1 datapath) wavefronts, layout formulas for the kernels as
 //   written (the PTX review of issue 11; the emulator's banks sanitizer, `lunajit
@@ -201,7 +201,7 @@ struct KernelCounts {
   std::string role;
   double bytes = 0;            // compulsory DRAM traffic
   double flops = 0;            // all FLOPs = tc_flops + cuda_flops
-  double tc_flops = 0;         // on tensor cores (0 for the scalar kernels of today)
+  double tc_flops = 0;         // on tensor cores (0 for the scalar kernels)
   DType tc_dtype = DType::bf16;  // operand type of the tensor-core products
   double cuda_flops = 0;       // on CUDA cores (FMA = 2)
   double smem_wavefronts = 0;  // shared-memory / L1 datapath wavefronts (128 B each)
@@ -216,7 +216,8 @@ struct KernelCounts {
 };
 
 // Whether the config's kernels compute their GEMM-shaped products on tensor
-// cores. False for every kernel of today; the tensor-core kernels set it.
+// cores: TileConfig::mma on the non-causal forward of a bf16/fp16 spec (its
+// state and output kernels); false for every other kernel.
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // FLOPs of phi for one token of one head (the conventions above), for a query

@@ -114,7 +114,7 @@ TEST(CostModelCounts, DefaultLunaStateKernelByHand) {
   const TileConfig c(64, 4, 64, 64, 4);
   auto k = kernel_counts(s, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
   EXPECT_EQ(k.flops, 696320 + 528384);
-  EXPECT_EQ(k.tc_flops, 0);  // no tensor-core kernels yet
+  EXPECT_EQ(k.tc_flops, 0);  // the scalar kernel (mma off)
   EXPECT_EQ(k.cuda_flops, k.flops);
   EXPECT_DOUBLE_EQ(k.smem_wavefronts, 18048 + 16512);
   EXPECT_EQ(k.sfu_ops, 0);
@@ -124,6 +124,29 @@ TEST(CostModelCounts, DefaultLunaStateKernelByHand) {
   AttentionSpec silu = s;
   silu.luna.activation = Activation::silu;
   EXPECT_EQ(kernel_counts(silu, c, Pass::forward, "state", {1, 1, 64}).value_or_throw().sfu_ops, 64 * 1024);
+}
+
+TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
+  // The same state kernel with TileConfig::mma: the 528384 product FLOPs on
+  // tensor cores (bf16), phi's 696320 on CUDA cores; the products' shared
+  // traffic is 2 bytes * (32 + 32) / (2 * 32 * 32) per FLOP in 128-byte
+  // wavefronts: 528384 / 2048 = 258, phi's 18048 unchanged.
+  const AttentionSpec s = default_spec(Family::luna);
+  const TileConfig c = TileConfig(64, 4, 64, 64, 4).with_mma(true);
+  auto k = kernel_counts(s, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
+  EXPECT_EQ(k.tc_flops, 528384);
+  EXPECT_EQ(k.tc_dtype, DType::bf16);
+  EXPECT_EQ(k.cuda_flops, 696320);
+  EXPECT_DOUBLE_EQ(k.smem_wavefronts, 18048 + 258);
+  // Only the non-causal forward of a 16-bit spec has mma kernels.
+  EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(s, c, Pass::backward));
+  AttentionSpec causal = s, fp32 = s;
+  causal.causal = true;
+  fp32.dtype = DType::fp32;
+  EXPECT_FALSE(uses_tensor_cores(causal, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(s, c.with_mma(false), Pass::forward));
 }
 
 TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {
