@@ -28,7 +28,9 @@ int main(int argc, char** argv) {
       for (Pass pass : {Pass::forward, Pass::backward}) {
         AttentionSpec s = default_spec(Family::luna);
         s.causal = causal;
-        const TileConfig c = default_config(s, arch, pass);
+        for (bool mma : {false, true}) {
+        const TileConfig c = default_config(s, arch, pass).with_mma(mma);
+        if (mma && !can_implement(s, c, arch, pass)) continue;
         std::map<std::string, KernelUsage> usage;
         auto src = generate(s, c, pass).value_or_throw();
         if (auto k = compile_nvrtc(src, arch)) {
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
                       k.serial_ms, k.efficiency, usage.count(k.role) ? usage[k.role].registers : -1, old);
         }
         std::printf("    total: new %.3f ms, old report roofline %.3f ms\n", p.ms, old_ms);
+        }
       }
   }
 }
