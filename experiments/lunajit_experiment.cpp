@@ -1211,6 +1211,19 @@ int main(int argc, char** argv) {
       cfg["quick"] = o.quick;
       validate(cfg);
       if (o.out.empty()) throw Usage("--out DIR is required (or --resume DIR)");
+      // Names are checked before the run directory is made.
+      const auto& tn = task_names();
+      if (command != "kernel-fit" && std::find(tn.begin(), tn.end(), gets(cfg, "task")) == tn.end())
+        throw Usage(make_task(task_options(cfg)).error().message);
+      if (command == "train") attention_kind(gets(cfg, "attention"), cfg);
+      if (command == "convert") attention_kind(gets(cfg, "to"), cfg);
+      if (command == "convert" && gets(cfg, "to") == "softmax")
+        throw Usage("to = \"softmax\": the target must differ from the softmax teacher");
+      if (command == "ablate")
+        for (const char* k : {"attentions", "targets"})
+          for (const auto& a : cfg.at(k)) attention_kind(a.get<std::string>(), cfg);
+      if (command == "kernel-fit")
+        for (const auto& a : cfg.at("families")) attention_kind(a.get<std::string>(), cfg);
       if (fs::exists(fs::path(o.out) / "config.json"))
         throw Usage(fmt::format("--out {}: already a run directory; use --resume {} or another --out", o.out, o.out));
       return run_command(command, cfg, o.out, false);
