@@ -81,6 +81,7 @@ json default_config() {
       {"attentions", json::array({"softmax", "luna", "performer", "elu", "hedgehog", "t2r", "cosformer", "slay"})},
       {"targets", json::array({"luna", "hedgehog", "t2r", "performer", "elu"})},
       {"seeds", json::array({0, 1, 2})},
+      {"tasks", json::array()},   // attention / convert grids: several tasks (empty: just `task`)
       // kernel-fit
       {"families", json::array({"luna", "performer", "rff", "elu", "relu", "t2r", "hedgehog", "cosformer", "slay"})},
       {"kf_seq", 128}, {"kf_head_dim", 16}, {"kf_heads", 2}, {"kf_batch", 4}, {"kf_fit_steps", 200},
@@ -429,14 +430,13 @@ struct RunDir {
   void open(bool resume) {
     fs::create_directories(dir / "checkpoint");
     resumed = resume && fs::exists(ck("state.json"));
-    if (resumed) {
+    if (resumed) {  // back to the last checkpoint: metrics logged after it are dropped (they are logged again)
       state = read_json(ck("state.json"));
       fs::resize_file(dir / "metrics.jsonl", state.at("metrics_bytes").get<uintmax_t>());
-    } else if (!resume) {
+    } else {  // a fresh start, or interrupted before its first checkpoint
       write_text(dir / "metrics.jsonl", "");
-      fs::remove(dir / "results.json");
     }
-    if (!fs::exists(dir / "metrics.jsonl")) write_text(dir / "metrics.jsonl", "");
+    fs::remove(dir / "results.json");
     metrics.open(dir / "metrics.jsonl", std::ios::app | std::ios::binary);
   }
   void log(const json& j) {
@@ -741,7 +741,8 @@ json convert_run(const json& c, const fs::path& dir, bool resume) {
   const std::string tdir = gets(c, "teacher_dir");
   if (!tdir.empty()) {
     const json tc = read_json(fs::path(tdir) / "config.json");
-    for (const char* k : {"task", "embed", "heads", "layers", "mlp_ratio", "pooling", "patch", "seq_len", "dwc"})
+    for (const char* k : {"task", "embed", "heads", "layers", "mlp_ratio", "pooling", "patch", "seq_len", "dwc",
+                          "train_size", "data_seed"})
       if (tc.at(k) != c.at(k))
         throw Usage(fmt::format("teacher_dir = {}: its {} = {} differs from this run's {}", tdir, k, tc.at(k).dump(),
                                 c.at(k).dump()));
@@ -933,10 +934,14 @@ json ablate_run(const json& c, const fs::path& dir, bool resume) {
              {"envelope", {{"attention", "luna-envelope"}, {"luna_projections", side}, {"luna_channels", side}}},
              {"bank_coef", {{"attention", "luna-bank_coef"}, {"luna_projections", side}, {"luna_channels", side}}},
              {"rff", {{"attention", "luna-rff"}, {"luna_projections", D / 2}}}};
-  } else if (grid == "attention") {
-    for (const auto& a : c.at("attentions")) cells.push_back({a.get<std::string>(), {{"attention", a}}});
   } else {
-    for (const auto& a : c.at("targets")) cells.push_back({a.get<std::string>(), {{"to", a}}});
+    json tasks = c.at("tasks");
+    if (tasks.empty()) tasks.push_back(c.at("task"));
+    const bool many = tasks.size() > 1;
+    for (const auto& t : tasks)
+      for (const auto& a : c.at(grid == "attention" ? "attentions" : "targets"))
+        cells.push_back({(many ? t.get<std::string>() + "/" : "") + a.get<std::string>(),
+                         {{"task", t}, {grid == "attention" ? "attention" : "to", a}}});
   }
   json rows = json::array();
   std::vector<std::pair<std::string, std::vector<double>>> bars;
@@ -951,10 +956,31 @@ json ablate_run(const json& c, const fs::path& dir, bool resume) {
       json sc = c;
       sc.update(cell.overrides);
       sc["seed"] = s;
-      const fs::path sub = dir / "runs" / fmt::format("{}-s{}", cell.name, s.get<uint64_t>());
+      std::string sub_name = cell.name;
+      std::replace(sub_name.begin(), sub_name.end(), '/', '_');
+      const fs::path sub = dir / "runs" / fmt::format("{}-s{}", sub_name, s.get<uint64_t>());
+      if (conv && gets(c, "teacher_dir").empty()) {
+        // One softmax teacher per (task, seed), shared by the targets: a train run.
+        json tc = sc;
+        tc["attention"] = "softmax";
+        tc["epochs"] = sc.at("teacher_epochs");
+        tc["command"] = "train";
+        const fs::path td = dir / "runs" / fmt::format("teacher-{}-s{}", gets(sc, "task"), s.get<uint64_t>());
+        if (!fs::exists(td / "results.json")) {
+          const bool partial = fs::exists(td / "config.json");
+          fs::create_directories(td);
+          if (!partial) write_text(td / "config.json", tc.dump(2) + "\n");
+          std::fprintf(stderr, "ablate: softmax teacher for %s seed %llu\n", gets(sc, "task").c_str(),
+                       (unsigned long long)s.get<uint64_t>());
+          train_run(partial ? read_json(td / "config.json") : tc, td, partial);
+        }
+        sc["teacher_dir"] = td.string();
+      }
       json res;
       if (resume && fs::exists(sub / "results.json")) {
         res = read_json(sub / "results.json");
+      } else if (resume && fs::exists(sub / "config.json")) {
+        res = conv ? convert_run(read_json(sub / "config.json"), sub, true) : train_run(read_json(sub / "config.json"), sub, true);
       } else {
         fs::create_directories(sub);
         sc["command"] = conv ? "convert" : "train";
@@ -1219,6 +1245,9 @@ int main(int argc, char** argv) {
       if (command == "convert") attention_kind(gets(cfg, "to"), cfg);
       if (command == "convert" && gets(cfg, "to") == "softmax")
         throw Usage("to = \"softmax\": the target must differ from the softmax teacher");
+      for (const auto& t : cfg.at("tasks"))
+        if (std::find(tn.begin(), tn.end(), t.get<std::string>()) == tn.end())
+          throw Usage(fmt::format("tasks: \"{}\" is not a task", t.get<std::string>()));
       if (command == "ablate")
         for (const char* k : {"attentions", "targets"})
           for (const auto& a : cfg.at(k)) attention_kind(a.get<std::string>(), cfg);
