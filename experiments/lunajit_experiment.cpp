@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -70,6 +71,7 @@ json default_config() {
       {"dwc", false},
       {"luna_projections", 8}, {"luna_channels", 8}, {"luna_mlp_width", 64},
       {"batch", 32}, {"epochs", 5}, {"lr", 1e-3}, {"weight_decay", 0.01}, {"warmup", 0.05},
+      {"check_kernels", false}, {"check_steps", 3},
       {"log_every", 10}, {"checkpoint_every", 100}, {"eval_batch", 256},
       // convert (docs/MATH.md §4)
       {"teacher_dir", ""}, {"teacher_epochs", 5}, {"distill_epochs", 1}, {"distill_lr", 1e-2},
@@ -279,14 +281,15 @@ std::string attention_kind(const std::string& name, const json& c) {
                           "or spec JSON", name));
 }
 
-std::shared_ptr<nn::MultiheadAttentionBaseImpl> make_attention(const std::string& name, const json& c, uint64_t seed) {
+std::shared_ptr<nn::MultiheadAttentionBaseImpl> make_attention(const std::string& name, const json& c, uint64_t seed,
+                                                               AttentionPath path = AttentionPath::aten) {
   nn::MultiheadOptions mo;
   mo.embed_dim = geti(c, "embed");
   mo.num_heads = geti(c, "heads");
   mo.batch_first = true;
   mo.dwc = c.at("dwc").get<bool>();
   LinearAttentionOptions op;
-  op.path = AttentionPath::aten;
+  op.path = path;
   try {
     return nn::make_multihead_attention(attention_kind(name, c), mo, false, op, seed);
   } catch (const c10::Error& e) {
@@ -297,10 +300,10 @@ std::shared_ptr<nn::MultiheadAttentionBaseImpl> make_attention(const std::string
 }
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(const json& c, const std::string& attention, uint64_t seed) {
+  BlockImpl(const json& c, const std::string& attention, uint64_t seed, AttentionPath path) {
     const int64_t E = geti(c, "embed");
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({E})));
-    attn = register_module("attn", make_attention(attention, c, seed));
+    attn = register_module("attn", make_attention(attention, c, seed, path));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({E})));
     fc1 = register_module("fc1", torch::nn::Linear(E, geti(c, "mlp_ratio") * E));
     fc2 = register_module("fc2", torch::nn::Linear(geti(c, "mlp_ratio") * E, E));
@@ -330,7 +333,8 @@ TORCH_MODULE(Block);
 
 // Pre-LN encoder classifier; with patch input (fmnist-vit) a small ViT.
 struct ModelImpl : torch::nn::Module {
-  ModelImpl(const json& c, const Dataset& d, const std::string& attention, uint64_t seed)
+  ModelImpl(const json& c, const Dataset& d, const std::string& attention, uint64_t seed,
+            AttentionPath path = AttentionPath::aten)
       : per_token(d.per_token), patch_pixels(d.patch_pixels) {
     const int64_t E = geti(c, "embed");
     use_cls = !d.per_token && gets(c, "pooling") == "cls";
@@ -340,7 +344,7 @@ struct ModelImpl : torch::nn::Module {
     pos = register_parameter("pos", torch::randn({1, tokens + (use_cls ? 1 : 0), E}) * 0.02);
     if (use_cls) cls = register_parameter("cls", torch::randn({1, 1, E}) * 0.02);
     for (int64_t i = 0; i < geti(c, "layers"); ++i)
-      blocks.push_back(register_module("block" + std::to_string(i), Block(c, attention, seed + 7919 * i)));
+      blocks.push_back(register_module("block" + std::to_string(i), Block(c, attention, seed + 7919 * i, path)));
     ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({E})));
     head = register_module("head", torch::nn::Linear(E, d.classes));
   }
@@ -679,6 +683,49 @@ TaskData load_task(const json& c) {
   return std::move(t).value();
 }
 
+// --check-kernels: the first check_steps training steps from the same
+// initialisation and batches on the ATen path and on the generated kernels
+// (host emulation, forward and backward kernels); the losses must agree to
+// 1e-4 relative (fp32 kernels vs fp32 ATen differ in summation order only, and
+// AdamW's first steps amplify such differences little). Throws when they do not.
+json check_kernels(const json& c, const Dataset& train, const std::string& att, uint64_t seed) {
+  if (!attention_kind(att, c).starts_with("{"))
+    return {{"skipped", "a quadratic attention has no generated kernels"}};
+  std::vector<Model> models;
+  std::vector<std::unique_ptr<torch::optim::AdamW>> opts;
+  for (auto path : {AttentionPath::aten, AttentionPath::host_kernels}) {
+    torch::manual_seed(seed);
+    models.emplace_back(c, train, att, seed, path);
+    opts.push_back(std::make_unique<torch::optim::AdamW>(
+        models.back()->parameters(), torch::optim::AdamWOptions(getd(c, "lr")).weight_decay(getd(c, "weight_decay"))));
+  }
+  json aten_losses = json::array(), kernel_losses = json::array();
+  double worst = 0;
+  const int64_t steps = c.at("check_steps").get<int64_t>(), B = geti(c, "batch");
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < B && (s * B + i) < train.size(); ++i) idx.push_back(s * B + i);
+    const Batch b = make_batch(train, idx);
+    double l[2];
+    for (int m = 0; m < 2; ++m) {
+      opts[m]->zero_grad();
+      const Tensor loss = task_loss(models[m], b);
+      loss.backward();
+      opts[m]->step();
+      l[m] = loss.item<double>();
+    }
+    aten_losses.push_back(l[0]);
+    kernel_losses.push_back(l[1]);
+    worst = std::max(worst, std::abs(l[0] - l[1]) / std::max(1.0, std::abs(l[0])));
+    std::fprintf(stderr, "check-kernels step %lld: loss aten %.7f, host kernels %.7f\n", (long long)s, l[0], l[1]);
+  }
+  if (!(worst <= 1e-4))
+    throw std::runtime_error(fmt::format("--check-kernels: losses differ by {:.3g} relative (> 1e-4): aten {}, "
+                                         "host kernels {}", worst, aten_losses.dump(), kernel_losses.dump()));
+  return {{"steps", steps}, {"aten_losses", aten_losses}, {"host_kernel_losses", kernel_losses},
+          {"max_relative_difference", worst}, {"tolerance", 1e-4}};
+}
+
 json train_run(const json& c, const fs::path& dir, bool resume) {
   RunDir run;
   run.dir = dir;
@@ -687,6 +734,9 @@ json train_run(const json& c, const fs::path& dir, bool resume) {
   const uint64_t seed = c.at("seed").get<uint64_t>();
   torch::manual_seed(seed);
   const std::string att = gets(c, "attention");
+  json kernel_check;
+  if (c.at("check_kernels").get<bool>()) kernel_check = check_kernels(c, data.train, att, seed);
+  torch::manual_seed(seed);
   Model model(c, data.train, att, seed);
   const int64_t eb = geti(c, "eval_batch");
   Phase p;
@@ -710,6 +760,7 @@ json train_run(const json& c, const fs::path& dir, bool resume) {
               {"final_loss", r.last_loss}, {"steps", r.steps}, {"parameters", nparams},
               {"train_seconds", r.seconds}, {"tokens_per_second", r.seconds > 0 ? r.tokens / r.seconds : 0.0},
               {"data", data.description}};
+  if (!kernel_check.is_null()) res["check_kernels"] = kernel_check;
   write_text(dir / "results.json", res.dump(2) + "\n");
   plot_curves(dir, fmt::format("{} / {}", gets(c, "task"), att));
   plot_bars(dir / "results.svg", fmt::format("{} / {} (seed {})", gets(c, "task"), att, seed),
@@ -1179,7 +1230,7 @@ int main(int argc, char** argv) {
     std::string config, task, attention, to, out, resume;
     std::vector<std::string> set;
     uint64_t seed = 0;
-    bool quick = false;
+    bool quick = false, check_kernels = false;
     int64_t stop_after = -1;
     int64_t threads = 0;
   } o;
@@ -1202,6 +1253,9 @@ int main(int argc, char** argv) {
     s->add_option("--threads", o.threads, "torch threads (recorded; resume uses the recorded count)")
         ->check(lunajit::int_in("--threads", {1, 256}));
     s->add_option("--set", o.set, "KEY=VALUE (VALUE as JSON, else a string); repeatable");
+    if (std::string(name) == "train")
+      s->add_flag("--check-kernels", o.check_kernels, "first check_steps steps also on the host-emulated kernels; "
+                                                      "assert equal losses");
     s->add_option("--stop-after", o.stop_after, "interrupt after this many steps, checkpointed (for resume tests)")
         ->check(lunajit::int_in("--stop-after", {1, 1000000000}));
     subs[name] = s;
@@ -1226,6 +1280,7 @@ int main(int argc, char** argv) {
       if (!o.to.empty()) flags["to"] = o.to;
       if (app.get_subcommand(command)->count("--seed")) flags["seed"] = o.seed;
       if (o.threads) flags["threads"] = o.threads;
+      if (o.check_kernels) flags["check_kernels"] = true;
       for (const auto& kv : o.set) {
         const auto eq = kv.find('=');
         if (eq == std::string::npos || eq == 0) throw Usage(fmt::format("--set {}: must be KEY=VALUE", kv));

@@ -168,6 +168,17 @@ TEST_F(ExperimentCli, AblateAndKernelFitWriteTheirTables) {
   }
 }
 
+// The first steps on the generated kernels (host emulation) give the ATen path's losses.
+TEST_F(ExperimentCli, CheckKernelsRunsTheFirstStepsOnTheHostKernels) {
+  const CliRun r = run(with({"train", "--task", "first_token", "--attention", "luna", "--check-kernels", "--set",
+                             "check_steps=2", "--set", "epochs=1", "--out", out("ck")}, kToy));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json ck = read_json(fs::path(out("ck")) / "results.json").at("check_kernels");
+  ASSERT_EQ(ck.at("host_kernel_losses").size(), 2u) << ck.dump();
+  EXPECT_LE(ck.at("max_relative_difference").get<double>(), 1e-4);
+  EXPECT_NE(r.err.find("check-kernels step 1"), std::string::npos) << r.err;
+}
+
 TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
   CliRun r = run({"train", "--task", "sort", "--set", "lr=-1", "--out", out("x")});
   EXPECT_EQ(r.code, 2);
