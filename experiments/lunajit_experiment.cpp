@@ -281,6 +281,16 @@ std::string attention_kind(const std::string& name, const json& c) {
                           "or spec JSON", name));
 }
 
+// listops pads its sequences and masks the pad keys; cosformer's position
+// features cannot be masked (lunajit::linear_attention rejects key_mask for it).
+void check_mask_support(const std::string& task, const std::string& attention, const json& c) {
+  if (task != "listops") return;
+  const std::string kind = attention_kind(attention, c);
+  if (kind.starts_with("{") && json::parse(kind).value("family", "") == "cosformer")
+    throw Usage(fmt::format("attention = \"{}\" on task listops: cosformer cannot mask padding (its features depend "
+                            "on positions and the sequence length); choose another attention or task", attention));
+}
+
 std::shared_ptr<nn::MultiheadAttentionBaseImpl> make_attention(const std::string& name, const json& c, uint64_t seed,
                                                                AttentionPath path = AttentionPath::aten) {
   nn::MultiheadOptions mo;
@@ -1296,6 +1306,18 @@ int main(int argc, char** argv) {
       const auto& tn = task_names();
       if (command != "kernel-fit" && std::find(tn.begin(), tn.end(), gets(cfg, "task")) == tn.end())
         throw Usage(make_task(task_options(cfg)).error().message);
+      json tasks = cfg.at("tasks");
+      if (tasks.empty() || command == "train" || command == "convert") tasks = json::array({cfg.at("task")});
+      for (const auto& t : tasks) {
+        if (command == "train") check_mask_support(t, gets(cfg, "attention"), cfg);
+        if (command == "convert") check_mask_support(t, gets(cfg, "to"), cfg);
+        if (command == "ablate") {
+          if (gets(cfg, "grid") == "attention")
+            for (const auto& a : cfg.at("attentions")) check_mask_support(t, a, cfg);
+          if (gets(cfg, "grid") == "convert")
+            for (const auto& a : cfg.at("targets")) check_mask_support(t, a, cfg);
+        }
+      }
       if (command == "train") attention_kind(gets(cfg, "attention"), cfg);
       if (command == "convert") attention_kind(gets(cfg, "to"), cfg);
       if (command == "convert" && gets(cfg, "to") == "softmax")

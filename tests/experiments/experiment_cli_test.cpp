@@ -195,6 +195,10 @@ TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
   r = run({"convert", "--task", "sort", "--to", "softmax", "--quick", "--out", out("y")});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("to = \"softmax\""), std::string::npos) << r.err;
+  r = run({"train", "--task", "listops", "--attention", "cosformer", "--quick", "--out", out("z")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cosformer cannot mask padding"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(fs::path(out("z")) / "config.json")) << "rejected before the run directory is made";
   r = run({"train", "--resume", out("none")});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("no config.json"), std::string::npos) << r.err;
