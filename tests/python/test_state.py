@@ -97,3 +97,19 @@ def test_state_errors_name_the_field():
         lunajit.linear_attention(q, q, v, spec=perf, initial_state=torch.zeros(1))
     with pytest.raises(ValueError, match="linear_attention_step: q must be"):
         lunajit.linear_attention_step(q, q, v, spec=perf)
+
+
+@pytest.mark.parametrize("dwc", [False, True])
+def test_module_incremental_generation_equals_full_forward(dwc):
+    torch.manual_seed(0)
+    m = lunajit.nn.MultiheadLinearAttention(8, 2, family="elu", causal=True, batch_first=True, dwc=dwc, dwc_kernel=3)
+    x = torch.randn(2, 9, 8)
+    with torch.no_grad():
+        want, _ = m(x, x, x)
+        out, state = m.forward_incremental(x[:, :4])
+        outs = [out]
+        for t in range(4, 9):
+            o, state = m.forward_incremental(x[:, t:t + 1], state)
+            outs.append(o)
+    assert state["tokens"] == 9
+    close([torch.cat(outs, 1)], [want], 1e-5, 1e-6)
