@@ -65,9 +65,9 @@ Result<StatefulGradients> linear_attention_backward_state(const AttentionSpec& s
                                                           const RecurrentState* dfinal);
 
 // One decoding step for a batch: q, k [batch, heads, d], v [batch, heads, dv]
-// (the token at position `position`, 0-based; only cosformer would need it and
-// it is rejected), state updated in place: S += phi(k) v^T, z += phi(k), then
-// o = phi(q)^T S / (phi(q)^T z + eps) -> [batch, heads, dv].
+// (one new token per sequence; no position is needed, cosformer being
+// rejected), state updated in place (an empty state: zero): S += phi(k) v^T,
+// z += phi(k), then o = phi(q)^T S / (phi(q)^T z + eps) -> [batch, heads, dv].
 Result<std::vector<double>> linear_attention_decode_step(const AttentionSpec& spec, int batch, int heads,
                                                          std::span<const double> q, std::span<const double> k,
                                                          std::span<const double> v, std::span<const double> params,

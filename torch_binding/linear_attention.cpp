@@ -613,7 +613,8 @@ LinearAttentionStateOutput linear_attention_with_state(const Tensor& q, const Te
   const char* fn = "linear_attention_with_state";
   check_state_spec(fn, initial_state.defined() ? "initial_state" : "output_final_state", spec);
   TORCH_CHECK(!options.key_mask.defined(), fn, ": key_mask cannot be combined with initial_state / "
-              "output_final_state (a padded sequence's state would include its pads' position); pass unpadded pieces");
+              "output_final_state (not implemented: the kernels have no masked form); pass each sequence's real "
+              "tokens, batch by equal lengths");
   const AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
   check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite);
   TORCH_CHECK(options.chunk >= 1, fn, ": options.chunk must be >= 1, got ", options.chunk);
