@@ -103,6 +103,7 @@ struct Case {
   std::string name;
   AttentionSpec spec;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " " << canonical_json(c.spec); }
 
 std::vector<Case> cases() {
   AttentionSpec luna = default_spec(Family::luna);
