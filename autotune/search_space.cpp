@@ -20,6 +20,7 @@ std::string EffectiveKnobs::to_string() const {
   add(chunk, "chunk");
   add(state_splits, "state_splits");
   add(phi_backward, "phi_backward");
+  add(mma, "mma");
   return s;
 }
 
@@ -37,6 +38,7 @@ EffectiveKnobs effective_knobs(const AttentionSpec& spec, Pass pass) {
   } else {
     k.block_tokens = true;
     k.state_splits = true;
+    k.mma = pass == Pass::forward && spec.dtype != DType::fp32;
   }
   k.phi_backward = pass == Pass::backward;
   return k;
@@ -53,6 +55,7 @@ std::string knob_signature(const TileConfig& c, const EffectiveKnobs& k) {
   add(k.chunk, fmt::format("C{}", c.chunk()));
   add(k.state_splits, fmt::format("s{}", c.state_splits()));
   add(k.phi_backward, c.phi_backward() == PhiInBackward::recompute ? "recompute" : "save");
+  add(k.mma && c.mma(), "mma");  // scalar configs keep their signatures
   return s;
 }
 
@@ -65,7 +68,7 @@ std::vector<TileConfig> search_space(const AttentionSpec& spec, Pass pass, const
     return (knobs.block_tokens || c.block_tokens() == def.block_tokens()) &&
            (knobs.dv_block || c.dv_block() == def.dv_block()) && (knobs.chunk || c.chunk() == def.chunk()) &&
            (knobs.state_splits || c.state_splits() == def.state_splits()) &&
-           (knobs.phi_backward || c.phi_backward() == def.phi_backward());
+           (knobs.phi_backward || c.phi_backward() == def.phi_backward()) && (knobs.mma || c.mma() == def.mma());
   };
   std::vector<TileConfig> out;
   std::map<std::string, size_t> index;  // signature -> position in out

@@ -10,6 +10,7 @@
 //                         (state and output kernels; key_stab reads block_tokens)
 //   forward, causal       chunk, warps, dv_block; + block_tokens for performer
 //                         (its key_stab pre-pass tiles by block_tokens)
+//                         + mma for bf16/fp16 (tensor-core state/output kernels)
 //   backward              as the forward of the same causality, + phi_backward
 //   feature_map           block_tokens, warps
 #pragma once
@@ -28,6 +29,7 @@ struct EffectiveKnobs {
   bool chunk = false;
   bool state_splits = false;
   bool phi_backward = false;
+  bool mma = false;
 
   // "block_tokens, warps, dv_block, state_splits"
   std::string to_string() const;

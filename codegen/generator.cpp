@@ -32,10 +32,16 @@ std::string_view pass_summary(const AttentionSpec& s, Pass p) {
   return "";
 }
 
-std::vector<KernelEntry> entries_for(const AttentionSpec& s, Pass p) {
+// The tensor-core variants (config.mma(), non-causal forward) of the state
+// and output roles: templates/lunajit/linear_attention_mma.cuh.
+bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p == Pass::forward; }
+
+std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c, Pass p) {
   std::vector<KernelEntry> e;
-  for (const std::string& role : kernel_roles(s, p))
-    e.push_back({role, fmt::format("lunajit::{}<lunajit_gen::Kernel>", kernel_template(p, role))});
+  for (const std::string& role : kernel_roles(s, p)) {
+    const bool mma = uses_mma(c, p) && (role == "state" || role == "output");
+    e.push_back({role, fmt::format("lunajit::{}{}<lunajit_gen::Kernel>", mma ? "mma_" : "", kernel_template(p, role))});
+  }
   return e;
 }
 
@@ -43,6 +49,10 @@ std::vector<KernelEntry> entries_for(const AttentionSpec& s, Pass p) {
 
 Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
   if (auto st = validate(spec); !st) return st.error();
+  if (config.mma() && pass == Pass::forward && (spec.causal || spec.dtype == DType::fp32))
+    return Error::invalid(fmt::format("config {}: mma = true needs a non-causal bf16 or fp16 spec (the causal and "
+                                      "fp32 forwards have no tensor-core kernels)",
+                                      config.to_string()));
 
   const std::string hash = spec_hash(spec);
   KernelSource src;
@@ -51,7 +61,7 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
   src.pass = pass;
   src.name = fmt::format("{}_{}_{}{}_{}_{}", to_string(spec.family), to_string(pass),
                          spec.causal ? "causal" : "noncausal", "", to_string(spec.dtype), hash.substr(0, 8));
-  src.entries = entries_for(spec, pass);
+  src.entries = entries_for(spec, config, pass);
 
   const ParamLayout params = param_layout(spec);
   std::string& c = src.code;
@@ -62,7 +72,8 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
   c += "// kernels (NVRTC name expressions):\n";
   for (const auto& e : src.entries) c += fmt::format("//   {:<13} {}\n", e.role, e.name_expression);
   c += pass == Pass::backward ? "\n#include \"lunajit/linear_attention_backward.cuh\"\n"
-                              : "\n#include \"lunajit/linear_attention.cuh\"\n";
+         : uses_mma(config, pass) ? "\n#include \"lunajit/linear_attention_mma.cuh\"\n"
+                                  : "\n#include \"lunajit/linear_attention.cuh\"\n";
   c += "\nnamespace lunajit_gen {\n\n";
   c += "struct FeatureOptions {\n" + feature_options_body(spec) + "};\n\n";
   c += "struct Kernel {\n";

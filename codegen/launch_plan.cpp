@@ -125,6 +125,10 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::
   };
   if (role == "feature_map") return smem_layout(KernelKind::feature_map, dims(c.block_tokens())).bytes();
   if (role == "key_stab") return smem_layout(KernelKind::key_stab, dims(c.block_tokens())).bytes();
+  // mma: the tensor-core state/output kernels (forward only; can_implement
+  // rejects mma for the backward, whose "state" role stays scalar).
+  if (role == "state" && c.mma()) return mma_smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();
+  if (role == "output" && c.mma()) return mma_smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
   if (role == "state") return smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();
   if (role == "output") return smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
   if (role == "causal_chunk") return smem_layout(KernelKind::causal_chunk, dims(c.chunk())).bytes();

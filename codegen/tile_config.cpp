@@ -29,6 +29,49 @@ std::string list(const int (&choices)[N]) {
 }
 
 
+// The tensor-core kernels (templates/lunajit/linear_attention_mma.cuh): which
+// specs and tile shapes they implement.
+Status can_implement_mma(const AttentionSpec& spec, const TileConfig& c, Pass pass) {
+  const std::string name = c.to_string();
+  if (pass != Pass::forward)
+    return Error::invalid(fmt::format("{}: mma = true: the {} pass has no tensor-core kernels yet (only the "
+                                      "non-causal forward); use mma = false",
+                                      name, to_string(pass)));
+  if (spec.causal)
+    return Error::invalid(fmt::format("{}: mma = true: the causal forward has no tensor-core kernel yet (only the "
+                                      "non-causal one); use mma = false",
+                                      name));
+  if (spec.dtype == DType::fp32)
+    return Error::invalid(fmt::format("{}: mma = true needs dtype bf16 or fp16 (fp32 specs keep the exact fp32 "
+                                      "path); use mma = false",
+                                      name));
+  const int D = spec.feature_dim();
+  if (D % 16 != 0)
+    return Error::invalid(fmt::format("{}: mma = true needs the feature dim D a multiple of 16 (mma k/m tiles); "
+                                      "D = {}",
+                                      name, D));
+  if (c.dv_block() % 16 != 0)
+    return Error::invalid(fmt::format("{}: mma = true needs dv_block a multiple of 16; dv_block = {}", name,
+                                      c.dv_block()));
+  if (c.block_tokens() % 16 != 0)
+    return Error::invalid(fmt::format("{}: mma = true needs block_tokens a multiple of 16; block_tokens = {}", name,
+                                      c.block_tokens()));
+  for (KernelKind kind : {KernelKind::state, KernelKind::output}) {
+    const char* role = kind == KernelKind::state ? "state" : "output";
+    const MmaWarpTiling w = mma_warp_tiling(kind, D, c.dv_block(), c.block_tokens(), c.warps());
+    if (!w.fits)
+      return Error::invalid(fmt::format("{}: mma = true: {} warps do not tile the {} kernel's {} x {} product "
+                                        "(16 x 8 tiles)",
+                                        name, c.warps(), role, kind == KernelKind::state ? D : c.block_tokens(),
+                                        c.dv_block()));
+    if (w.accumulators > kMaxMmaAccumulatorsPerThread)
+      return Error::invalid(fmt::format("{}: mma = true: the {} kernel would hold {} fp32 accumulators per thread; "
+                                        "at most {} fit in registers (use more warps or a smaller dv_block)",
+                                        name, role, w.accumulators, kMaxMmaAccumulatorsPerThread));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 std::string_view to_string(Pass p) {
@@ -48,23 +91,26 @@ Result<Pass> parse_pass(std::string_view s) {
 }
 
 TileConfig::TileConfig(int block_tokens, int warps, int dv_block, int chunk, int state_splits,
-                       PhiInBackward phi_backward)
+                       PhiInBackward phi_backward, bool mma)
     : block_tokens_(block_tokens),
       warps_(warps),
       dv_block_(dv_block),
       chunk_(chunk),
       state_splits_(state_splits),
-      phi_backward_(phi_backward) {}
+      phi_backward_(phi_backward),
+      mma_(mma) {}
 
 std::string TileConfig::to_string() const {
-  return fmt::format("T{}.w{}.dv{}.C{}.s{}.{}", block_tokens_, warps_, dv_block_, chunk_, state_splits_,
-                     phi_backward_ == PhiInBackward::recompute ? "recompute" : "save");
+  return fmt::format("T{}.w{}.dv{}.C{}.s{}.{}{}", block_tokens_, warps_, dv_block_, chunk_, state_splits_,
+                     phi_backward_ == PhiInBackward::recompute ? "recompute" : "save", mma_ ? ".mma" : "");
 }
 
 json TileConfig::to_json() const {
-  return {{"block_tokens", block_tokens_}, {"warps", warps_},         {"dv_block", dv_block_},
-          {"chunk", chunk_},               {"state_splits", state_splits_},
-          {"phi_backward", phi_backward_ == PhiInBackward::recompute ? "recompute" : "save"}};
+  json j = {{"block_tokens", block_tokens_}, {"warps", warps_},         {"dv_block", dv_block_},
+            {"chunk", chunk_},               {"state_splits", state_splits_},
+            {"phi_backward", phi_backward_ == PhiInBackward::recompute ? "recompute" : "save"}};
+  if (mma_) j["mma"] = true;  // only when on: configs without it keep their hashes
+  return j;
 }
 
 std::string TileConfig::hash() const { return content_hash(to_json().dump()); }
@@ -74,9 +120,16 @@ Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) 
   int v[5] = {base.block_tokens(), base.warps(), base.dv_block(), base.chunk(), base.state_splits()};
   const char* names[5] = {"block_tokens", "warps", "dv_block", "chunk", "state_splits"};
   PhiInBackward phi = base.phi_backward();
+  bool mma = base.mma();
   std::string out_of_range[5];
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
+    if (key == "mma") {
+      if (!it->is_boolean())
+        return Error::invalid(fmt::format("config.mma = {}: allowed: true, false", limits::quote(it->dump())));
+      mma = it->get<bool>();
+      continue;
+    }
     if (key == "phi_backward") {
       if (*it == "recompute") phi = PhiInBackward::recompute;
       else if (*it == "save") phi = PhiInBackward::save;
@@ -86,7 +139,7 @@ Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) 
     auto pos = std::find_if(std::begin(names), std::end(names), [&](const char* n) { return key == n; });
     if (pos == std::end(names))
       return Error::invalid(fmt::format("config.{}: unknown field; allowed fields: block_tokens, warps, dv_block, "
-                                        "chunk, state_splits, phi_backward", key));
+                                        "chunk, state_splits, phi_backward, mma", key));
     if (!it->is_number_integer())
       return Error::invalid(fmt::format("config.{} = {}: expected an integer", key, limits::quote(it->dump())));
     // Read 64-bit-safe: 4294967312 must be an error, not 16. Out of int range
@@ -115,7 +168,7 @@ Result<TileConfig> tile_config_from_json(const json& j, const TileConfig& base) 
                                         out_of_range[i].empty() ? std::to_string(c.value) : out_of_range[i],
                                         c.allowed));
   }
-  return TileConfig(v[0], v[1], v[2], v[3], v[4], phi);
+  return TileConfig(v[0], v[1], v[2], v[3], v[4], phi, mma);
 }
 
 Result<TileConfig> tile_config_from_string(std::string_view text, const TileConfig& base) {
@@ -136,6 +189,9 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
     return Error::invalid(fmt::format("{}: phi_backward = save is not implemented yet (the backward recomputes "
                                       "phi); allowed: recompute",
                                       c.to_string()));
+  if (c.mma()) {
+    if (auto st = can_implement_mma(spec, c, pass); !st) return st;
+  }
   const long long limit = arch.max_smem_per_block;
   for (const std::string& role : kernel_roles(spec, pass)) {
     const int64_t bytes = dynamic_smem_bytes(spec, c, role);
@@ -154,7 +210,7 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
                                         kMaxStateEntriesPerThread));
     return ok_status();
   };
-  if (!spec.causal && pass == Pass::forward)
+  if (!spec.causal && pass == Pass::forward && !c.mma())  // mma: checked by can_implement_mma
     if (auto st = registers("state", c.dv_block()); !st) return st;
   if (!spec.causal && pass == Pass::backward) {
     if (auto st = registers("state", c.dv_block()); !st) return st;
@@ -191,15 +247,16 @@ Result<TileConfig> fitting_default_config(const AttentionSpec& spec, const Arch&
 
 std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch, Pass pass) {
   std::vector<TileConfig> out;
-  for (int tokens : kBlockTokenChoices)
-    for (int warps : kWarpChoices)
-      for (int dvb : kDvBlockChoices)
-        for (int chunk : kChunkChoices)
-          for (int splits : kStateSplitChoices)
-            for (auto phi : {PhiInBackward::recompute, PhiInBackward::save}) {
-              TileConfig c(tokens, warps, dvb, chunk, splits, phi);
-              if (can_implement(spec, c, arch, pass)) out.push_back(c);
-            }
+  for (bool mma : {false, true})
+    for (int tokens : kBlockTokenChoices)
+      for (int warps : kWarpChoices)
+        for (int dvb : kDvBlockChoices)
+          for (int chunk : kChunkChoices)
+            for (int splits : kStateSplitChoices)
+              for (auto phi : {PhiInBackward::recompute, PhiInBackward::save}) {
+                TileConfig c(tokens, warps, dvb, chunk, splits, phi, mma);
+                if (can_implement(spec, c, arch, pass)) out.push_back(c);
+              }
   return out;
 }
 

@@ -12,6 +12,12 @@
 //                     sequence, reduced in a fixed order (deterministic)
 //   phi_backward      backward: recompute phi from q, k, or read it saved by the
 //                     forward (docs/ARCHITECTURE.md kernel plan)
+//   mma               non-causal forward of a bf16/fp16 spec: the state and
+//                     output passes on tensor cores (mma.sync m16n8k16,
+//                     templates/lunajit/linear_attention_mma.cuh) instead of
+//                     the fp32 scalar loops; off by default, and printed and
+//                     serialised only when on (so the existing configs keep
+//                     their strings and hashes)
 #pragma once
 
 #include <cstdint>
@@ -37,7 +43,7 @@ class TileConfig {
  public:
   TileConfig() = default;
   TileConfig(int block_tokens, int warps, int dv_block, int chunk, int state_splits,
-             PhiInBackward phi_backward = PhiInBackward::recompute);
+             PhiInBackward phi_backward = PhiInBackward::recompute, bool mma = false);
 
   int block_tokens() const { return block_tokens_; }
   int warps() const { return warps_; }
@@ -46,8 +52,15 @@ class TileConfig {
   int chunk() const { return chunk_; }
   int state_splits() const { return state_splits_; }
   PhiInBackward phi_backward() const { return phi_backward_; }
+  bool mma() const { return mma_; }
+  // This config with the knob `mma` set to `on`.
+  TileConfig with_mma(bool on) const {
+    TileConfig c = *this;
+    c.mma_ = on;
+    return c;
+  }
 
-  // "T64.w4.dv64.C64.s4.recompute"
+  // "T64.w4.dv64.C64.s4.recompute", plus ".mma" when mma is on
   std::string to_string() const;
   nlohmann::json to_json() const;
   std::string hash() const;
@@ -62,6 +75,7 @@ class TileConfig {
   int chunk_ = 64;
   int state_splits_ = 4;
   PhiInBackward phi_backward_ = PhiInBackward::recompute;
+  bool mma_ = false;
 };
 
 // Reads {"block_tokens": 64, "warps": 4, ...}; missing fields take `base`'s
@@ -90,7 +104,10 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
 // tile config fits the arch and what the smallest one needs.
 Result<TileConfig> fitting_default_config(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
 
-// Every config can_implement accepts for the pass, in a fixed order (smallest tiles first).
+// Every config can_implement accepts for the pass, in a fixed order: the scalar
+// configs (mma off), smallest tiles first, then the tensor-core ones (mma on)
+// in the same order, so an evenly spaced sample ends on a tensor-core config
+// wherever the spec has them.
 std::vector<TileConfig> all_valid_configs(const AttentionSpec& spec, const Arch& arch, Pass pass = Pass::forward);
 
 }  // namespace lunajit

@@ -11,6 +11,7 @@ packages=(
   llvm-19-dev libclang-19-dev libclang-cpp19-dev clang-19 libzstd-dev
   libclang-rt-19-dev   # libFuzzer and the sanitizer runtimes of clang-19 (make fuzz-test)
   libtorch-dev libopenblas0-pthread
+  libgloo-dev   # the headers of c10d's ProcessGroupGloo (lunajit_torch_dist: sequence and data parallelism)
   python3-torch python3-pytest python3-setuptools python3-pip   # the Python package and its tests (same torch as libtorch-dev)
   chromium python3-jsonschema libpng-dev   # report tests: headless render, schema check, PNG decode
 )

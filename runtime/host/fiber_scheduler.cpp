@@ -311,8 +311,13 @@ class BlockRunner {
   void record_bank_access(std::uintptr_t a, unsigned long long bytes, bool write, const LunajitEmuSite* site);
   void flush_bank_stats();
   // A sanitizer finding: recorded, the block aborted, the access never made.
-  [[noreturn]] void report(const char* check, std::string threads, std::string address, const LunajitEmuSite* site,
-                           std::string message);
+  // Records a sanitizer finding and fails the block; the caller then calls
+  // yield_forever() in a statement of its own. A fiber that yields forever is
+  // abandoned with its stack: anything a live frame owns on the heap (the
+  // arguments' string temporaries, a local vector) would leak, so nothing may
+  // own memory at that point (LeakSanitizer checks it in the ASan build).
+  void record_finding(const char* check, std::string threads, std::string address, const LunajitEmuSite* site,
+                      std::string message);
   void mark_copies(const std::vector<Fiber::AsyncCopy>& group, bool pending);
   std::vector<unsigned> schedule_order(const LunajitEmuDim3& block);
   unsigned warp_lanes(unsigned warp) const {
@@ -480,13 +485,14 @@ unsigned long long BlockRunner::warp_op(int op, unsigned mask, unsigned long lon
   const unsigned lane = current_ % kWarpSize;
   if (op == LUNAJIT_EMU_ACTIVEMASK) return warp_lanes(warp) & ~warp_finished_[warp];
   if (san_ != nullptr && san_->sync && ((mask >> lane & 1u) == 0 || (mask & ~warp_lanes(warp)) != 0)) {
-    report("sync", thread_text(current_), "", nullptr,
+    record_finding("sync", thread_text(current_), "", nullptr,
            fmt::format("warp {}: thread {} (lane {}) calls {} with mask {:#010x}, which {}: every calling lane must be "
                        "in the mask, and the mask may name only lanes that exist",
                        warp, thread_text(current_), lane, warp_op_name(op), mask,
                        (mask >> lane & 1u) == 0 ? "excludes the calling lane"
                                                : fmt::format("names lanes past the end of this {}-lane warp",
                                                              __builtin_popcount(warp_lanes(warp)))));
+    yield_forever();
   }
   // Lanes beyond a partial last warp do not exist; a lane always takes part in its own operation.
   mask = (mask & warp_lanes(warp)) | (1u << lane);
@@ -676,9 +682,11 @@ void BlockRunner::cp_async_commit() {
 void BlockRunner::cp_async_wait(int pending, int line) {
   Fiber& me = fibers_[current_];
   while (me.pending_groups.size() > static_cast<std::size_t>(std::max(pending, 0))) {
-    std::vector<Fiber::AsyncCopy> g = std::move(me.pending_groups.front());
-    me.pending_groups.pop_front();
-    complete_copies(me, g, line);
+    {  // g is freed before a failed block's fiber is abandoned (see record_finding)
+      std::vector<Fiber::AsyncCopy> g = std::move(me.pending_groups.front());
+      me.pending_groups.pop_front();
+      complete_copies(me, g, line);
+    }
     if (failure_) yield_forever();
   }
 }
@@ -711,8 +719,8 @@ std::string site_location(const LunajitEmuSite* site) {
   return fmt::format("{}:{}:{}", file, site->line, site->column);
 }
 
-void BlockRunner::report(const char* check, std::string threads, std::string address, const LunajitEmuSite* site,
-                         std::string message) {
+void BlockRunner::record_finding(const char* check, std::string threads, std::string address,
+                                 const LunajitEmuSite* site, std::string message) {
   if (!finding_) {
     SanitizerFinding f;
     f.check = check;
@@ -728,7 +736,6 @@ void BlockRunner::report(const char* check, std::string threads, std::string add
     finding_ = std::move(f);
   }
   fail(fmt::format("sanitizer [{}]: {}", check, message));
-  yield_forever();
 }
 
 void BlockRunner::access(const void* address, unsigned long long bytes, unsigned flags, const LunajitEmuSite* site) {
@@ -738,11 +745,12 @@ void BlockRunner::access(const void* address, unsigned long long bytes, unsigned
   const std::uintptr_t align = std::uintptr_t{1} << ((flags >> LUNAJIT_EMU_ACCESS_ALIGN_SHIFT) & 0x3f);
   const char* verb = write ? "store" : "load";
   if (san_->bounds && align > 1 && a % align != 0) {
-    report("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
+    record_finding("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
            fmt::format("thread {}: misaligned {}-byte {} at {:#x} ({}; the type needs {}-byte alignment) at {}",
                        thread_text(current_), bytes, verb, a,
                        arena_.contains(a) ? arena_.describe(a) : std::string("global memory"), align,
                        site_location(site)));
+    yield_forever();
   }
   if (arena_.contains(a)) {
     const std::size_t off = arena_.offset(a);
@@ -750,11 +758,12 @@ void BlockRunner::access(const void* address, unsigned long long bytes, unsigned
       const bool in_dynamic = off < kDynamicSmemMax;
       const std::size_t limit = in_dynamic ? dynamic_bytes_ : kDynamicSmemMax + arena_.static_used();
       if (off + bytes > limit) {
-        report("bounds", thread_text(current_), arena_.describe(a), site,
+        record_finding("bounds", thread_text(current_), arena_.describe(a), site,
                fmt::format("thread {}: {}-byte {} at {} is outside the block's {} ({} bytes) at {}",
                            thread_text(current_), bytes, verb, arena_.describe(a),
                            in_dynamic ? "dynamic shared memory" : "static __shared__ variables",
                            in_dynamic ? dynamic_bytes_ : arena_.static_used(), site_location(site)));
+        yield_forever();
       }
     }
     if (shadowing_) shared_access(a, bytes, write, site);
@@ -771,23 +780,26 @@ void BlockRunner::access(const void* address, unsigned long long bytes, unsigned
     const MemoryRange& r = *(it - 1);
     if (a + bytes <= r.begin + r.bytes) return;
     if (a < r.begin + r.bytes || a - (r.begin + r.bytes) < 4096) {
-      report("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
+      record_finding("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
              fmt::format("thread {}: out-of-bounds {}-byte {} at {} of buffer #{} ({} bytes at {:#x}): byte offset {} "
                          "(element {} of {} bytes), {} bytes past the end",
                          thread_text(current_), bytes, verb, site_location(site), r.id, r.bytes, r.begin,
                          a - r.begin, (a - r.begin) / std::max<unsigned long long>(bytes, 1), bytes,
                          a + bytes - (r.begin + r.bytes)));
+      yield_forever();
     }
   }
   if (it != bufs.end() && it->begin - a < 4096) {
-    report("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
+    record_finding("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
            fmt::format("thread {}: out-of-bounds {}-byte {} at {}: {} bytes before buffer #{} ({} bytes at {:#x})",
                        thread_text(current_), bytes, verb, site_location(site), it->begin - a, it->id, it->bytes,
                        it->begin));
+    yield_forever();
   }
-  report("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
+  record_finding("bounds", thread_text(current_), fmt::format("{:#x}", a), site,
          fmt::format("thread {}: {}-byte {} at {:#x} at {} is in none of the launch's {} buffers", thread_text(current_),
                      bytes, verb, a, site_location(site), bufs.size()));
+  yield_forever();
 }
 
 // init, race and cp.async checks on the words [a, a + bytes) of shared memory.
@@ -807,24 +819,27 @@ void BlockRunner::shared_access(std::uintptr_t a, unsigned long long bytes, bool
     Shadow& sh = shadow[w];
     const std::uintptr_t word = reinterpret_cast<std::uintptr_t>(arena_.dynamic()) + w * 4;
     if (san_->init && (sh.flags & kPending) != 0) {
-      report("init", thread_text(current_), arena_.describe(word), site,
+      record_finding("init", thread_text(current_), arena_.describe(word), site,
              fmt::format("thread {}: {} of {} at {}, the destination of a cp.async that has not completed (issue a "
                          "cp.async.wait_group covering it first)",
                          thread_text(current_), write ? "store" : "load", arena_.describe(word), site_location(site)));
+      yield_forever();
     }
     if (san_->init && !write && (sh.flags & kWritten) == 0) {
-      report("init", thread_text(current_), arena_.describe(word), site,
+      record_finding("init", thread_text(current_), arena_.describe(word), site,
              fmt::format("thread {}: load of uninitialised {} at {}: no thread of the block has written it",
                          thread_text(current_), arena_.describe(word), site_location(site)));
+      yield_forever();
     }
     if (san_->race) {
       auto race = [&](const char* kind, std::uint16_t other, const LunajitEmuSite* other_site, const char* what) {
-        report("race", fmt::format("{} and {}", thread_text(current_), thread_text(other)), arena_.describe(word), site,
+        record_finding("race", fmt::format("{} and {}", thread_text(current_), thread_text(other)), arena_.describe(word), site,
                fmt::format("{} race on {}: thread {} {} it at {}; thread {} {} it at {} in the same barrier interval "
                            "(no __syncthreads{} between them)",
                            kind, arena_.describe(word), thread_text(current_), write ? "writes" : "reads",
                            site_location(site), thread_text(other), what, site_location(other_site),
                            other / kWarpSize == warp ? " or __syncwarp" : ""));
+        yield_forever();
       };
       if (sh.w_epoch == barrier_epoch_ && unordered(sh.writer, sh.w_we)) {
         race(write ? "write-after-write" : "read-after-write", sh.writer, sh.w_site, "wrote");

@@ -91,6 +91,77 @@ LUNAJIT_HOST_DEVICE constexpr int state_entries_per_thread(int D, int dv_block, 
 }
 inline constexpr int kMaxStateEntriesPerThread = 128;
 
+// ------------------------------------------------ tensor-core forward (mma)
+// The non-causal state and output passes on mma.sync m16n8k16
+// (templates/lunajit/linear_attention_mma.cuh). The fp32 tiles the feature map
+// works in (x, phi, scratch) are followed by 16-bit operand tiles in the I/O
+// dtype (bf16 or fp16), each row padded by 8 elements (16 bytes): a row stride
+// of D/2 + 4 words with D a multiple of 16 is 4 (mod 8) words, so the 8 rows
+// of every ldmatrix 8x8 matrix (16 bytes each) fall into 8 disjoint groups of
+// 4 banks: one wavefront per matrix, no conflicts.
+//   state:  phi_h (tokens, D + 8), v_h (tokens, dv_block + 8)
+//   output: state S (D, dv_block) and z (D) fp32, phi_h (tokens, D + 8),
+//           s_h (D, dv_block + 8), z_h (D), scale (2 floats per warp, reduced)
+struct MmaSmemLayout {
+  int state, z, x, phi, scratch, phi_h, v_h, s_h, z_h, reduce, total;  // floats
+  LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
+};
+
+LUNAJIT_HOST_DEVICE constexpr int mma_row_halves(int cols) { return cols + 8; }
+
+LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p) {
+  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  int off = 0;
+  const bool output = kind == KernelKind::output;
+  if (output) {
+    l.state = off; off = align4(off + p.D * p.dv_block);
+    l.z = off;     off = align4(off + p.D);
+  }
+  l.x = off;       off = align4(off + p.tokens * p.d);
+  l.phi = off;     off = align4(off + p.tokens * p.D);
+  l.scratch = off; off = align4(off + p.tokens * p.scratch);
+  l.phi_h = off;   off = align4(off + (p.tokens * mma_row_halves(p.D) + 1) / 2);
+  if (!output) {
+    l.v_h = off;   off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
+  } else {
+    l.s_h = off;   off = align4(off + (p.D * mma_row_halves(p.dv_block) + 1) / 2);
+    l.z_h = off;   off = align4(off + (p.D + 1) / 2);
+    l.reduce = off; off = align4(off + 2 * (p.threads / 32));
+  }
+  l.total = off;
+  return l;
+}
+
+// Warp tiling of the mma passes. A block's warps form a grid of warps_m x
+// warps_n over the product's 16-row m-tiles and 8-column n-tiles:
+//   state  (S_aug = Phi_k^T [V | 1]): m-tiles over the D features, n-tiles
+//          over the dv_block value columns; each warp keeps its tiles of S
+//          and of z (the ones column, one n-tile per m-tile) in registers
+//          for the whole sequence range.
+//   output (O = Phi_q S, den = Phi_q z): m-tiles over the tokens, walked one
+//          at a time; a warp holds its n-tiles of one m-tile plus the
+//          denominator tile.
+struct MmaWarpTiling {
+  int warps_m, warps_n, m_tiles_per_warp, n_tiles_per_warp;
+  int accumulators;  // fp32 accumulator registers per thread
+  bool fits;         // warps_n divides the n-tiles
+};
+
+LUNAJIT_HOST_DEVICE constexpr MmaWarpTiling mma_warp_tiling(KernelKind kind, int D, int dv_block, int tokens,
+                                                           int warps) {
+  const int m_tiles = (kind == KernelKind::state ? D : tokens) / 16;
+  const int n_tiles = dv_block / 8;
+  const int wm = m_tiles < 1 ? 1 : (warps < m_tiles ? warps : m_tiles);
+  const int wn = warps / wm;
+  const bool fits = m_tiles >= 1 && m_tiles % wm == 0 && warps % wm == 0 && wn >= 1 && n_tiles % wn == 0;
+  const int mpw = fits ? m_tiles / wm : 1, npw = fits ? n_tiles / wn : 1;
+  // State: every owned tile of S plus one z tile per m-tile, all live; output:
+  // one m-tile's n-tiles plus its denominator tile.
+  const int acc = kind == KernelKind::state ? 4 * mpw * (npw + 1) : 4 * (npw + 1);
+  return MmaWarpTiling{wm, wn, mpw, npw, acc, fits};
+}
+inline constexpr int kMaxMmaAccumulatorsPerThread = 96;
+
 // ---------------------------------------------------------------- backward
 
 enum class BackwardKind { dstate, dq, dkv, causal_dq, causal_dkv };

@@ -6,6 +6,7 @@
 // candidate that can_implement accepts but NVRTC rejects fails the test.
 // LUNAJIT_SWEEP=full runs the whole space; otherwise (CI) an evenly spaced
 // sample of 3 per kernel plus the default config.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,6 +51,12 @@ TEST_P(TunerSweep, EveryCandidateCompilesAndPassesTheCheck) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     ASSERT_EQ(r->size(), 1u);
     const TuneResult& res = r->front();
+    // The tensor-core variant (TileConfig::mma) is in every sample of the
+    // non-causal bf16 forward: the space lists it after the scalar configs.
+    if (!spec.causal && GetParam().pass == Pass::forward)
+      EXPECT_TRUE(std::any_of(res.candidates.begin(), res.candidates.end(),
+                              [](const CandidateResult& c) { return c.config.mma(); }))
+          << "no mma candidate was checked";
     for (const CandidateResult& c : res.candidates) {
       EXPECT_TRUE(c.compiled) << c.config.to_string() << ": " << c.status;
       EXPECT_TRUE(c.correct) << c.config.to_string() << ": " << c.status << " (rel rms " << c.rel_rms << ")";

@@ -79,7 +79,11 @@ Backend& host() {
 // ---------------------------------------------------------------- search space
 TEST(EffectiveKnobs, PerPassAndCausality) {
   AttentionSpec s = default_spec(Family::luna);
-  EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "block_tokens, warps, dv_block, state_splits");
+  // bf16: the tensor-core state/output kernels are a variant (TileConfig::mma).
+  EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "block_tokens, warps, dv_block, state_splits, mma");
+  AttentionSpec f32 = s;
+  f32.dtype = DType::fp32;
+  EXPECT_EQ(effective_knobs(f32, Pass::forward).to_string(), "block_tokens, warps, dv_block, state_splits");
   EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(),
             "block_tokens, warps, dv_block, state_splits, phi_backward");
   s.causal = true;

@@ -1,0 +1,339 @@
+// Non-causal forward on tensor cores (mma.sync m16n8k16, bf16/fp16 operands,
+// fp32 accumulation): the TileConfig knob `mma` selects these kernels for the
+// state and output roles of a bf16/fp16 spec (codegen/generator.cpp); fp32
+// specs keep the exact scalar kernels of linear_attention.cuh.
+//
+// mma_state_kernel, grid (batch*heads, state_splits, dv blocks), as
+// state_kernel: S_aug = Phi_k^T [V | 1] over the block's share of the
+// sequence, i.e. S = Phi_k^T V and z = Phi_k^T 1 from the same A fragments
+// (z is an n-tile whose B fragment is all ones). Phi_k (fp32 from the feature
+// map) is rounded once to the I/O dtype into a padded tile; V is copied in its
+// own dtype (exact). A = Phi_k^T by ldmatrix.x4.trans, B = V by
+// ldmatrix.x4.trans (two n-tiles per load, b_tiles); the warps' accumulators
+// stay in registers for the whole range and are written as the same fp32
+// partials state_kernel writes.
+//
+// mma_output_kernel, grid (query tiles, batch*heads, dv blocks), as
+// output_kernel: sums the partials in split order (fp32, fixed order:
+// deterministic), scales S and z by powers of two so that their largest
+// magnitude lies in [1, 2) (exact; keeps fp16 in range whatever the sequence
+// length), rounds them to the I/O dtype, then O = Phi_q S' and den = Phi_q z'
+// on mma (A = Phi_q by ldmatrix.x4, B = S' by ldmatrix.x4.trans, two n-tiles
+// per load; the denominator's B fragment is z' broadcast to all 8 columns, so every lane
+// holds its rows' denominators without a shuffle); the epilogue undoes the
+// scales and takes one reciprocal per row.
+//
+// Numerics (docs/MATH.md "Tensor-core forward"): phi(k), phi(q) and the
+// reduced S, z are each rounded once to bf16/fp16 (relative 2^-9 / 2^-12);
+// every product is exact in fp32 and every sum is fp32.
+#pragma once
+
+#include "lunajit/linear_attention.cuh"
+#include "lunajit/mma.cuh"
+
+namespace lunajit {
+
+template <class K>
+struct MmaTraits {
+  using T = typename K::T;
+  static constexpr int W = K::threads / 32;
+  static constexpr int PD = mma_row_halves(K::D);         // padded row of phi_h (elements)
+  static constexpr int PV = mma_row_halves(K::dv_block);  // padded row of v_h and s_h
+  static constexpr MmaWarpTiling kState = mma_warp_tiling(KernelKind::state, K::D, K::dv_block, K::block_tokens, W);
+  static constexpr MmaWarpTiling kOutput =
+      mma_warp_tiling(KernelKind::output, K::D, K::dv_block, K::block_tokens, W);
+  static_assert(!mma::IsSame<T, float>::value, "the mma kernels take bf16 or fp16 I/O; fp32 specs use the scalar path");
+  static_assert(K::D % 16 == 0 && K::dv_block % 16 == 0 && K::block_tokens % 16 == 0,
+                "mma kernels need D, dv_block and block_tokens multiples of 16 (can_implement)");
+  static_assert(kState.fits && kOutput.fits, "warps do not tile the mma products (can_implement)");
+};
+
+namespace mma_detail {
+
+// Two floats rounded to T, packed (lower index in the low half).
+template <class T>
+LUNAJIT_DEVICE unsigned pack2(float lo, float hi) {
+  if constexpr (mma::IsSame<T, __nv_bfloat16>::value) return mma::pack_bf16x2(lo, hi);
+  else return mma::pack_f16x2(lo, hi);
+}
+
+// Two adjacent fp32 values of shared memory as one 64-bit load (served per
+// half-warp: conflict-free when consecutive threads take consecutive pairs;
+// a float2 would do on the device, but the host compiles it as two 32-bit
+// loads, which its bank profile counts as 2-way conflicts).
+LUNAJIT_DEVICE float2 load_pair(const float* p) {
+  const unsigned long long w = *reinterpret_cast<const unsigned long long*>(p);
+  return make_float2(__uint_as_float((unsigned)w), __uint_as_float((unsigned)(w >> 32)));
+}
+
+// phi (rows, D) fp32 -> dst (rows_alloc, PD) in T, two elements per 32-bit
+// store (whole words: no two threads write one word); rows >= valid become 0
+// (phi leaves them unwritten).
+template <class T, int NT, int D, int PD>
+LUNAJIT_DEVICE void round_phi(const float* phi, unsigned* dst, int valid, int rows_alloc) {
+  constexpr int kPairs = D / 2;
+  for (int e = threadIdx.x; e < rows_alloc * kPairs; e += NT) {
+    const int r = e / kPairs, f = 2 * (e - r * kPairs);
+    unsigned packed = 0u;
+    if (r < valid) {
+      const float2 p = load_pair(phi + r * D + f);
+      packed = pack2<T>(p.x, p.y);
+    }
+    dst[(r * PD + f) / 2] = packed;
+  }
+}
+
+// acc[j] += A B_j for the NPW consecutive 8-column n-tiles of a row-major
+// (16, >= 8 NPW) 16-bit tile at `b` (row stride P): B is stored k-major, so
+// each fragment comes from ldmatrix .trans; pairs of n-tiles share one .x4
+// (matrices: k rows 0-7 / 8-15 of tile j, then of tile j+1), an odd last tile
+// takes an .x2 (lanes 16..31 repeat lanes 0..15's addresses, ignored).
+template <class T, int NPW, int P>
+LUNAJIT_DEVICE void b_tiles(float (*acc)[4], const unsigned (&a)[4], const T* b, int lm, int lr) {
+#pragma unroll
+  for (int j = 0; j + 1 < NPW; j += 2) {
+    unsigned r[4];
+    mma::ldmatrix<4, true>(r, b + (8 * (lm & 1) + lr) * P + 8 * (j + (lm >> 1)));
+    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    mma::mma_m16n8k16<T>(acc[j], a, b0, acc[j]);
+    mma::mma_m16n8k16<T>(acc[j + 1], a, b1, acc[j + 1]);
+  }
+  if constexpr (NPW % 2 == 1) {
+    unsigned r[2];
+    mma::ldmatrix<2, true>(r, b + (8 * (lm & 1) + lr) * P + 8 * (NPW - 1));
+    mma::mma_m16n8k16<T>(acc[NPW - 1], a, r, acc[NPW - 1]);
+  }
+}
+
+// 2^-floor(log2 m) for a finite m > 0 (so m * scale lies in [1, 2)), else 1;
+// exponents clamped so that both the scale and its inverse are normal floats.
+LUNAJIT_DEVICE float pow2_scale(float m) {
+  if (!(m > 0.0f) || m > 3.402823466e38f) return 1.0f;
+  int e = (int)((__float_as_uint(m) >> 23) & 0xff);  // biased exponent of m
+  e = e < 2 ? 2 : (e > 252 ? 252 : e);
+  return __uint_as_float((unsigned)(254 - e) << 23);
+}
+
+}  // namespace mma_detail
+
+template <class K>
+LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
+                                    const float* all_params, float key_stab, float* parts_base) {
+  using Tr = KernelTraits<K>;
+  using M = MmaTraits<K>;
+  using T = typename K::T;
+  constexpr int Tk = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr int PD = M::PD, PV = M::PV;
+  constexpr MmaWarpTiling W = M::kState;
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk));
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);  // (Tk, PD)
+  const T* v_h = reinterpret_cast<const T*>(smem + L.v_h);      // (Tk, PV)
+  const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
+  const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
+  const int tiles = (seq + Tk - 1) / Tk;
+  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int s0 = min(seq, split * tiles_per_split * Tk), s1 = min(seq, s0 + tiles_per_split * Tk);
+  const float* params = Tr::head_params(all_params, h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp % W.warps_m, wn = warp / W.warps_m;
+  const bool with_z = wn == 0 && blockIdx.z == 0;  // warp-uniform
+  // ldmatrix row of this lane: matrix lane>>3, row lane&7.
+  const int lm = lane >> 3, lr = lane & 7;
+  const unsigned ones = mma_detail::pack2<T>(1.0f, 1.0f);
+
+  float acc[W.m_tiles_per_warp][W.n_tiles_per_warp][4];
+  float zacc[W.m_tiles_per_warp][4];
+#pragma unroll
+  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W.n_tiles_per_warp; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  }
+  const T* vbase = static_cast<const T*>(v_in.data) + b * v_in.stride_batch + h * v_in.stride_head;
+  unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
+  for (int t0 = s0; t0 < s1; t0 += Tk) {
+    const int valid = min(Tk, s1 - t0);
+    load_rows<T, NT>(k_in, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    // V in its own dtype (exact), zero past the range end and past dv.
+    for (int e = threadIdx.x; e < Tk * (DVB / 2); e += NT) {
+      const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
+      float lo = 0.0f, hi = 0.0f;
+      if (r < valid) {
+        const T* row = vbase + (long long)(t0 + r) * v_in.stride_seq + c0;
+        if (c0 + c < K::dv) lo = to_float(row[c]);
+        if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
+      }
+      v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
+    }
+    __syncthreads();
+    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid,
+                                      FeatureContext{params, t0, seq, 0, key_stab});
+    mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h), valid, Tk);
+    __syncthreads();
+    for (int k0 = 0; k0 < Tk; k0 += 16) {
+#pragma unroll
+      for (int i = 0; i < W.m_tiles_per_warp; ++i) {
+        const int f0 = (wm + W.warps_m * i) * 16;
+        // A = Phi^T (features x tokens): matrix m holds features f0 + 8(m&1),
+        // tokens k0 + 8(m>>1); stored transposed (token rows) -> .trans.
+        unsigned a[4];
+        mma::ldmatrix<4, true>(a, phi_h + (k0 + 8 * (lm >> 1) + lr) * PD + f0 + 8 * (lm & 1));
+        mma_detail::b_tiles<T, W.n_tiles_per_warp, PV>(acc[i], a, v_h + k0 * PV + wn * W.n_tiles_per_warp * 8, lm,
+                                                        lr);
+        if (with_z) {
+          const unsigned bz[2] = {ones, ones};
+          mma::mma_m16n8k16<T>(zacc[i], a, bz, zacc[i]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  float* part = parts_base + ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
+    const int f0 = (wm + W.warps_m * i) * 16;
+#pragma unroll
+    for (int j = 0; j < W.n_tiles_per_warp; ++j) {
+      const int n0 = (wn * W.n_tiles_per_warp + j) * 8;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+        if (c < K::dv) part[(long long)f * K::dv + c] = acc[i][j][q];
+      }
+    }
+    // Every column of the ones tile is z; lanes t == 0 write column 0.
+    if (with_z && t == 0) {
+      part[(long long)D * K::dv + f0 + g] = zacc[i][0];
+      part[(long long)D * K::dv + f0 + g + 8] = zacc[i][2];
+    }
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_state_kernel(const ForwardArgs a) {
+  const int bh = blockIdx.x;
+  mma_state_block<K>(a.problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f,
+                     a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads));
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArgs a) {
+  using Tr = KernelTraits<K>;
+  using M = MmaTraits<K>;
+  using T = typename K::T;
+  constexpr int Tk = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr int PD = M::PD, PV = M::PV, NW = NT / 32;
+  constexpr MmaWarpTiling W = M::kOutput;
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::output, Tr::dims(Tk));
+  constexpr long long kPart = (long long)D * K::dv + D;
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
+  const int t0 = blockIdx.x * Tk, c0 = blockIdx.z * DVB, seq = a.problem.seq;
+  const int valid = min(Tk, seq - t0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
+                       (long long)bh * K::state_splits * kPart;
+  float* S = smem + L.state;  // (D, DVB) fp32
+  float* z = smem + L.z;      // (D) fp32
+  float* red = smem + L.reduce;
+  // Partials in split order (deterministic), and each thread's largest magnitudes.
+  float smax = 0.0f, zmax = 0.0f;
+  for (int e = threadIdx.x; e < D * DVB; e += NT) {
+    const int f = e / DVB, c = e - f * DVB;
+    float s = 0.0f;
+    if (c0 + c < K::dv)
+      for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + f * K::dv + c0 + c];
+    S[e] = s;
+    smax = fmaxf(smax, fabsf(s));
+  }
+  for (int f = threadIdx.x; f < D; f += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * K::dv + f];
+    z[f] = s;
+    zmax = fmaxf(zmax, fabsf(s));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
+    zmax = fmaxf(zmax, __shfl_xor_sync(0xffffffffu, zmax, o));
+  }
+  if (lane == 0) {
+    red[warp] = smax;
+    red[NW + warp] = zmax;
+  }
+  load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  __syncthreads();
+  smax = red[0];
+  zmax = red[NW];
+  for (int w = 1; w < NW; ++w) {
+    smax = fmaxf(smax, red[w]);
+    zmax = fmaxf(zmax, red[NW + w]);
+  }
+  const float s_scale = mma_detail::pow2_scale(smax), z_scale = mma_detail::pow2_scale(zmax);
+  unsigned* s_words = reinterpret_cast<unsigned*>(smem + L.s_h);
+  for (int e = threadIdx.x; e < D * (DVB / 2); e += NT) {
+    const int f = e / (DVB / 2), c = 2 * (e - f * (DVB / 2));
+    const float2 p = mma_detail::load_pair(S + f * DVB + c);
+    s_words[(f * PV + c) / 2] = mma_detail::pack2<T>(p.x * s_scale, p.y * s_scale);
+  }
+  unsigned* z_words = reinterpret_cast<unsigned*>(smem + L.z_h);
+  for (int e = threadIdx.x; e < D / 2; e += NT) {
+    const float2 p = mma_detail::load_pair(z + 2 * e);
+    z_words[e] = mma_detail::pack2<T>(p.x * z_scale, p.y * z_scale);
+  }
+  const FeatureContext ctx{Tr::head_params(a.params, h), t0, seq, 1, 0.0f};
+  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid, ctx);
+  mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h), valid, Tk);
+  __syncthreads();
+
+  const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);  // (Tk, PD)
+  const T* s_h = reinterpret_cast<const T*>(smem + L.s_h);      // (D, PV)
+  const int wm = warp % W.warps_m, wn = warp / W.warps_m;
+  const int lm = lane >> 3, lr = lane & 7, g = lane >> 2, t = lane & 3;
+  const float s_unscale = 1.0f / s_scale, z_unscale = 1.0f / z_scale;  // powers of two: exact
+  typename K::T* out = static_cast<typename K::T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
+  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
+    const int m0 = (wm + W.warps_m * i) * 16;
+    float acc[W.n_tiles_per_warp][4];
+    float dacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < W.n_tiles_per_warp; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      // A = Phi_q (tokens x features): matrix m holds rows m0 + 8(m&1), features k0 + 8(m>>1).
+      unsigned af[4];
+      mma::ldmatrix<4, false>(af, phi_h + (m0 + 8 * (lm & 1) + lr) * PD + k0 + 8 * (lm >> 1));
+      mma_detail::b_tiles<T, W.n_tiles_per_warp, PV>(acc, af, s_h + k0 * PV + wn * W.n_tiles_per_warp * 8, lm, lr);
+      if constexpr (K::normalize) {
+        // B = z' in every column: b0 = z'(k0+2t, k0+2t+1), b1 = z'(k0+2t+8, +9).
+        const unsigned bz[2] = {z_words[(k0 + 2 * t) / 2], z_words[(k0 + 2 * t + 8) / 2]};
+        mma::mma_m16n8k16<T>(dacc, af, bz, dacc);
+      }
+    }
+    // C fragment: q = 0,1 row m0+g, q = 2,3 row m0+g+8; columns n0 + 2t + (q&1).
+    float rinv[2] = {s_unscale, s_unscale};
+    if constexpr (K::normalize) {
+      rinv[0] = s_unscale / fmaf(dacc[0], z_unscale, K::eps);
+      rinv[1] = s_unscale / fmaf(dacc[2], z_unscale, K::eps);
+    }
+#pragma unroll
+    for (int j = 0; j < W.n_tiles_per_warp; ++j) {
+      const int n0 = (wn * W.n_tiles_per_warp + j) * 8;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = m0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+        if (r < valid && c < K::dv)
+          out[(long long)(t0 + r) * a.o.stride_seq + c] = from_float<T>(acc[j][q] * rinv[q >> 1]);
+      }
+    }
+  }
+}
+
+}  // namespace lunajit
