@@ -26,6 +26,7 @@
 #include "cache/binary_cache.h"
 #include "cache/tuning_db.h"
 #include "codegen/feature_params.h"
+#include "reference/recurrent_state.h"
 #include "runtime/attention_runner.h"
 #include "runtime/host/host_backend.h"
 
@@ -285,6 +286,154 @@ class KernelLinearAttention : public torch::autograd::Function<KernelLinearAtten
   }
 };
 
+// ---- carried state and decoding (docs/MATH.md §1a, §3) ----------------------
+
+DevicePtr ptr_or_null(const Tensor& t) { return t.defined() && t.numel() ? device_ptr(t) : DevicePtr(0); }
+
+// Causal kernels with state: forward returns {o, S_T, z_T}; backward feeds the
+// final state's gradient into the reverse scan and returns the initial state's.
+// Absent initial state: empty tensors (numel 0), which the kernels read as zero.
+class KernelStatefulAttention : public torch::autograd::Function<KernelStatefulAttention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& params, const Tensor& S0, const Tensor& z0, const AttentionSpec& spec,
+                               const LinearAttentionOptions& opts, AttentionPath path) {
+    const KernelTarget target = kernel_target(path, q);
+    RunnerSlot& slot = runner_slot(*target.backend, target.device_key, spec,
+                                   kernel_config(target, spec, opts, Pass::forward, problem_shape(q)), Pass::forward);
+    Tensor o = torch::empty({q.size(0), q.size(1), q.size(2), spec.value_dim}, q.options());
+    const auto fopts = q.options().dtype(torch::kFloat);
+    Tensor S = torch::empty({q.size(0), q.size(2), spec.feature_dim(), spec.value_dim}, fopts);
+    Tensor z = torch::empty({q.size(0), q.size(2), spec.feature_dim()}, fopts);
+    run_on(target, path, q, [&] {
+      std::lock_guard lock(slot.mutex);
+      return slot.runner->forward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
+                                  device_ptr(params),
+                                  StateRefs{ptr_or_null(S0), ptr_or_null(z0), device_ptr(S), device_ptr(z)});
+    });
+    ctx->save_for_backward({q, k, v, params, o, S0, z0});
+    ctx->saved_data["spec"] = canonical_json(spec);
+    ctx->saved_data["chunk"] = opts.chunk;
+    ctx->saved_data["path"] = static_cast<int64_t>(path);
+    ctx->saved_data["kernel_backward"] = opts.kernel_backward;
+    ctx->saved_data["config"] = opts.config ? opts.config->to_json().dump() : std::string();
+    return {o, S, z};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const AttentionSpec spec = spec_from_string(ctx->saved_data["spec"].toStringRef()).value_or_throw();
+    const auto path = static_cast<AttentionPath>(ctx->saved_data["path"].toInt());
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &params = saved[3], &o = saved[4], &S0 = saved[5],
+                 &z0 = saved[6];
+    const Tensor dout = grad_outputs[0].defined() ? grad_outputs[0].contiguous() : torch::zeros_like(o);
+    const Tensor dS = grad_outputs[1].defined() ? grad_outputs[1].to(torch::kFloat).contiguous() : Tensor();
+    const Tensor dz = grad_outputs[2].defined() ? grad_outputs[2].to(torch::kFloat).contiguous() : Tensor();
+    variable_list grads(9);
+    if (!ctx->saved_data["kernel_backward"].toBool()) {
+      // Recompute with ATen and differentiate (any device).
+      torch::AutoGradMode enable(true);
+      const Tensor in[6] = {q, k, v, params, S0, z0};
+      Tensor leaf[6];
+      std::vector<Tensor> wrt;
+      for (int i = 0; i < 6; ++i) {
+        leaf[i] = in[i].detach().requires_grad_(ctx->needs_input_grad(i) && in[i].numel() > 0);
+        if (leaf[i].requires_grad()) wrt.push_back(leaf[i]);
+      }
+      if (wrt.empty()) return grads;
+      auto [ao, aS, az] = aten::linear_attention_with_state(leaf[0], leaf[1], leaf[2], leaf[3], spec,
+                                                             S0.numel() ? leaf[4] : Tensor(),
+                                                             z0.numel() ? leaf[5] : Tensor(),
+                                                             ctx->saved_data["chunk"].toInt());
+      std::vector<Tensor> outs{ao.to(q.scalar_type())}, gouts{dout};
+      if (dS.defined()) outs.push_back(aS), gouts.push_back(dS.to(aS.scalar_type()));
+      if (dz.defined()) outs.push_back(az), gouts.push_back(dz.to(az.scalar_type()));
+      const variable_list g = torch::autograd::grad(outs, wrt, gouts, false, false, /*allow_unused=*/true);
+      size_t j = 0;
+      for (int i = 0; i < 6; ++i)
+        if (leaf[i].requires_grad()) {
+          grads[i] = g[j++];
+          if (!grads[i].defined()) grads[i] = torch::zeros_like(in[i]);
+        }
+      return grads;
+    }
+    LinearAttentionOptions opts;
+    if (const std::string& c = ctx->saved_data["config"].toStringRef(); !c.empty())
+      opts.config = tile_config_from_string(c, TileConfig()).value_or_throw();
+    const KernelTarget target = kernel_target(path, q);
+    RunnerSlot& slot = runner_slot(*target.backend, target.device_key, spec,
+                                   kernel_config(target, spec, opts, Pass::backward, problem_shape(q)), Pass::backward);
+    Tensor dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    Tensor dparams = torch::zeros({params.numel()}, params.options().dtype(torch::kFloat));
+    Tensor dS0, dz0;
+    if (S0.numel()) dS0 = torch::empty_like(S0);
+    if (z0.numel()) dz0 = torch::empty_like(z0);
+    run_on(target, path, q, [&] {
+      std::lock_guard lock(slot.mutex);
+      return slot.runner->backward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), tensor_ref(o),
+                                   tensor_ref(dout), mutable_ref(dq), mutable_ref(dk), mutable_ref(dv),
+                                   device_ptr(params), device_ptr(dparams),
+                                   StateGradRefs{ptr_or_null(S0), ptr_or_null(z0), ptr_or_null(dS), ptr_or_null(dz),
+                                                 ptr_or_null(dS0), ptr_or_null(dz0)});
+    });
+    grads[0] = dq;
+    grads[1] = dk;
+    grads[2] = dv;
+    grads[3] = params.numel() ? dparams.to(params.scalar_type()) : Tensor();
+    grads[4] = dS0;
+    grads[5] = dz0;
+    for (int i = 0; i < 6; ++i)
+      if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
+    return grads;
+  }
+};
+
+// The decode runner of (backend, spec, config), created on first use.
+RunnerSlot& decode_runner_slot(Backend& backend, const std::string& device_key, const AttentionSpec& spec,
+                               const TileConfig& config) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<RunnerSlot>> slots;
+  const std::string key = device_key + "|" + canonical_json(spec) + "|" + config.to_string();
+  std::lock_guard lock(mutex);
+  auto& slot = slots[key];
+  if (!slot) {
+    auto runner = AttentionRunner::create_decode(backend, spec, config);
+    TORCH_CHECK(runner.ok(), "linear_attention_step: could not build the decode kernel for ", device_key, ": ",
+                runner.error().message);
+    auto s = std::make_unique<RunnerSlot>();
+    s->runner = std::make_unique<AttentionRunner>(std::move(runner).value());
+    slot = std::move(s);
+  }
+  return *slot;
+}
+
+// Spec support and the state tensors' checks, naming `what` (the argument).
+void check_state(const char* fn, const char* what, const LinearAttentionState& st, const AttentionSpec& spec,
+                 const Tensor& q, bool kernels) {
+  if (!st.defined()) return;
+  TORCH_CHECK(st.S.defined() && st.z.defined(), fn, ": ", what, " needs both S and z (or neither), got ",
+              st.S.defined() ? "S only" : "z only");
+  const int64_t B = q.size(0), H = q.size(2), D = spec.feature_dim(), dv = spec.value_dim;
+  TORCH_CHECK(st.S.dim() == 4 && st.S.size(0) == B && st.S.size(1) == H && st.S.size(2) == D && st.S.size(3) == dv,
+              fn, ": ", what, ".S must be [batch, heads, D, dv] = [", B, ", ", H, ", ", D, ", ", dv, "], got ",
+              shape_string(st.S));
+  TORCH_CHECK(st.z.dim() == 3 && st.z.size(0) == B && st.z.size(1) == H && st.z.size(2) == D, fn, ": ", what,
+              ".z must be [batch, heads, D] = [", B, ", ", H, ", ", D, "], got ", shape_string(st.z));
+  for (const Tensor* t : {&st.S, &st.z}) {
+    const char* name = t == &st.S ? ".S" : ".z";
+    TORCH_CHECK(t->device() == q.device(), fn, ": ", what, name, " is on ", t->device(), " but q is on ", q.device());
+    const bool fp64_ok = !kernels && q.scalar_type() == torch::kDouble;
+    TORCH_CHECK(t->scalar_type() == torch::kFloat || (fp64_ok && t->scalar_type() == torch::kDouble), fn, ": ", what,
+                name, " must be float32", fp64_ok ? " or float64" : "", " (the state is kept in fp32), got ",
+                t->scalar_type());
+  }
+}
+
+void check_state_spec(const char* fn, const char* field, const AttentionSpec& spec) {
+  const Status st = reference::check_state_support(spec, field);
+  TORCH_CHECK(st.ok(), fn, ": ", st.ok() ? std::string() : st.error().message);
+}
+
 }  // namespace
 
 std::string_view to_string(AttentionPath p) {
@@ -454,6 +603,89 @@ Tensor feature_map(const Tensor& x, const Tensor& feature_params, const Attentio
 Tensor init_feature_params(const AttentionSpec& spec, int64_t heads, uint64_t seed) {
   std::vector<float> p = init_params(spec, static_cast<int>(heads), seed);
   return torch::from_blob(p.data(), {static_cast<int64_t>(p.size())}, torch::kFloat).clone();
+}
+
+LinearAttentionStateOutput linear_attention_with_state(const Tensor& q, const Tensor& k_in, const Tensor& v_in,
+                                                       const Tensor& feature_params, const AttentionSpec& spec,
+                                                       const LinearAttentionState& initial_state,
+                                                       bool output_final_state,
+                                                       const LinearAttentionOptions& options) {
+  const char* fn = "linear_attention_with_state";
+  check_state_spec(fn, initial_state.defined() ? "initial_state" : "output_final_state", spec);
+  TORCH_CHECK(!options.key_mask.defined(), fn, ": key_mask cannot be combined with initial_state / "
+              "output_final_state (not implemented: the kernels have no masked form); pass each sequence's real "
+              "tokens, batch by equal lengths");
+  const AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
+  check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite);
+  TORCH_CHECK(options.chunk >= 1, fn, ": options.chunk must be >= 1, got ", options.chunk);
+  const bool kernels = path != AttentionPath::aten;
+  check_state(fn, "initial_state", initial_state, spec, q, kernels);
+  const Tensor k = repeat_kv_heads(k_in, q.size(2)), v = repeat_kv_heads(v_in, q.size(2));
+  LinearAttentionStateOutput res;
+  if (!kernels) {
+    const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options());
+    auto [o, S, z] = aten::linear_attention_with_state(q, k, v, params, spec, initial_state.S, initial_state.z,
+                                                       options.chunk);
+    res.out = o.to(q.scalar_type());
+    if (output_final_state) res.final_state = {S, z};
+    return res;
+  }
+  const Tensor params =
+      feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
+  const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
+  const variable_list r = KernelStatefulAttention::apply(
+      q, k, v, params, initial_state.defined() ? initial_state.S.contiguous() : empty,
+      initial_state.defined() ? initial_state.z.contiguous() : empty, spec, options, path);
+  res.out = r[0];
+  if (output_final_state) res.final_state = {r[1], r[2]};
+  return res;
+}
+
+LinearAttentionStepOutput linear_attention_step(const Tensor& q, const Tensor& k_in, const Tensor& v_in,
+                                                const Tensor& feature_params, const AttentionSpec& spec,
+                                                const LinearAttentionState& state,
+                                                const LinearAttentionOptions& options) {
+  const char* fn = "linear_attention_step";
+  check_state_spec(fn, "state", spec);
+  const AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
+  check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite);
+  TORCH_CHECK(q.size(1) == 1, fn, ": q, k, v must hold one token per sequence ([batch, 1, heads, dim]), got seq ",
+              q.size(1), " (use linear_attention_with_state for a prompt)");
+  const bool kernels = path != AttentionPath::aten;
+  check_state(fn, "state", state, spec, q, kernels);
+  const Tensor k = repeat_kv_heads(k_in, q.size(2)), v = repeat_kv_heads(v_in, q.size(2));
+  LinearAttentionStepOutput res;
+  if (!kernels) {
+    const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options());
+    auto [o, S, z] = aten::linear_attention_step(q, k, v, params, spec, state.S, state.z);
+    res.out = o.to(q.scalar_type());
+    res.state = {S, z};
+    return res;
+  }
+  if (torch::GradMode::is_enabled())
+    for (const Tensor* t : {&q, &k_in, &v_in, &feature_params, &state.S, &state.z})
+      TORCH_CHECK(!(t->defined() && t->requires_grad()), fn, ": path ", std::string(to_string(path)),
+                  " runs the decode kernel, which has no backward; use path aten for gradients, or torch.no_grad()");
+  const Tensor params =
+      feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
+  const auto fopts = q.options().dtype(torch::kFloat);
+  const int64_t B = q.size(0), H = q.size(2), D = spec.feature_dim(), dv = spec.value_dim;
+  // The kernel updates the state in place: on copies, so the caller's state is unchanged.
+  Tensor S = state.defined() ? state.S.detach().clone(at::MemoryFormat::Contiguous) : torch::zeros({B, H, D, dv}, fopts);
+  Tensor z = state.defined() ? state.z.detach().clone(at::MemoryFormat::Contiguous) : torch::zeros({B, H, D}, fopts);
+  Tensor o = torch::empty({B, 1, H, dv}, q.options());
+  const KernelTarget target = kernel_target(path, q);
+  const TileConfig config = options.config ? *options.config
+                                           : kernel_config(target, spec, options, Pass::forward, problem_shape(q));
+  RunnerSlot& slot = decode_runner_slot(*target.backend, target.device_key, spec, config);
+  run_on(target, path, q, [&] {
+    std::lock_guard lock(slot.mutex);
+    return slot.runner->decode(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
+                               device_ptr(params), device_ptr(S), device_ptr(z));
+  });
+  res.out = o;
+  res.state = {S, z};
+  return res;
 }
 
 }  // namespace lunajit

@@ -82,6 +82,56 @@ torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                const torch::Tensor& feature_params, const AttentionSpec& spec,
                                const LinearAttentionOptions& options = {});
 
+// Carried state of causal linear attention (docs/MATH.md §1a; fla's
+// initial_state / final_state): S [batch, heads, D, dv] = sum phi(k_j) v_j^T and
+// z [batch, heads, D] = sum phi(k_j) over the tokens so far, D the spec's
+// feature dim, heads the query heads. fp32 (fp64 allowed on path aten with
+// fp64 inputs), contiguous, on q's device. Both undefined = the zero state.
+struct LinearAttentionState {
+  torch::Tensor S;
+  torch::Tensor z;
+  bool defined() const { return S.defined() || z.defined(); }
+};
+
+struct LinearAttentionStateOutput {
+  torch::Tensor out;                  // [batch, seq, heads, value_dim]
+  LinearAttentionState final_state;   // undefined unless output_final_state
+};
+
+// Causal linear attention from `initial_state` (undefined: zero), returning the
+// final state when `output_final_state`. Chaining calls over consecutive
+// pieces of a sequence, each fed the previous final state, equals one call
+// over the whole (forward and every gradient, to fp32 rounding). Differentiable
+// in q, k, v, feature_params and the initial state; the final state's
+// gradient flows back into all of them. Paths: aten (autograd), host_kernels
+// and cuda_kernels (the causal kernels with the state arguments; backward
+// kernels, or the ATen recomputation with kernel_backward = false). Needs a
+// causal spec, not performer (its running key stabiliser is not part of the
+// state; rejected) nor cosformer (position features); no key_mask, seq_k == seq_q.
+LinearAttentionStateOutput linear_attention_with_state(const torch::Tensor& q, const torch::Tensor& k,
+                                                       const torch::Tensor& v, const torch::Tensor& feature_params,
+                                                       const AttentionSpec& spec,
+                                                       const LinearAttentionState& initial_state,
+                                                       bool output_final_state,
+                                                       const LinearAttentionOptions& options = {});
+
+struct LinearAttentionStepOutput {
+  torch::Tensor out;           // [batch, 1, heads, value_dim]
+  LinearAttentionState state;  // the state after the token
+};
+
+// One decoding step (fla's fused_recurrent with one token): q, k [batch, 1,
+// heads(_kv), head_dim], v [batch, 1, heads(_kv), value_dim] against `state`
+// (undefined: an empty prefix): S += phi(k) v^T, z += phi(k), o = phi(q)^T S /
+// (phi(q)^T z + eps). The input state is not modified. Paths: aten
+// (differentiable), host_kernels / cuda_kernels (the generated decode kernel,
+// codegen/decode_source.h; inference only: an error when an input requires
+// grad under grad mode). Same spec restrictions as linear_attention_with_state.
+LinearAttentionStepOutput linear_attention_step(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v, const torch::Tensor& feature_params,
+                                                const AttentionSpec& spec, const LinearAttentionState& state,
+                                                const LinearAttentionOptions& options = {});
+
 // phi(x) of spec for x [batch, seq, heads, head_dim] -> [batch, seq, heads, D]
 // (ATen, differentiable), with the same input checks as linear_attention.
 torch::Tensor feature_map(const torch::Tensor& x, const torch::Tensor& feature_params, const AttentionSpec& spec,

@@ -245,6 +245,33 @@ __global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs a)
   }
 }
 
+// Carried state (docs/MATH.md §1a): the (D, cols) slice at value column c0 of
+// one (batch, head)'s S [D, dv] and its z [D], fp32 contiguous
+// [batch*heads][D][dv] and [batch*heads][D]. Null pointers: the zero state.
+template <class K>
+LUNAJIT_DEVICE void load_initial_state(const float* S0, const float* z0, int bh, int c0, int cols, float* S,
+                                       float* z) {
+  for (int e = threadIdx.x; e < K::D * cols; e += K::threads) {
+    const int f = e / cols, c = e - f * cols;
+    S[e] = S0 != nullptr && c0 + c < K::dv ? S0[((long long)bh * K::D + f) * K::dv + c0 + c] : 0.0f;
+  }
+  for (int f = threadIdx.x; f < K::D; f += K::threads) z[f] = z0 != nullptr ? z0[(long long)bh * K::D + f] : 0.0f;
+}
+
+// Writes the slice back (null pointers: not written); call after the last
+// __syncthreads of the scan, every thread writing the entries it owns.
+template <class K>
+LUNAJIT_DEVICE void store_final_state(float* S1, float* z1, int bh, int c0, int cols, const float* S,
+                                      const float* z) {
+  if (S1 != nullptr)
+    for (int e = threadIdx.x; e < K::D * cols; e += K::threads) {
+      const int f = e / cols, c = e - f * cols;
+      if (c0 + c < K::dv) S1[((long long)bh * K::D + f) * K::dv + c0 + c] = S[e];
+    }
+  if (z1 != nullptr)
+    for (int f = threadIdx.x; f < K::D; f += K::threads) z1[(long long)bh * K::D + f] = z[f];
+}
+
 // Causal performer (docs/MATH.md §2): query i maps the keys it sees with
 // M_i = max_{j<=i} s_j, s_j = max_f e_f(k_j) the key's own max, so that
 //   phi_i(k_j) = exp(s_j - M_i) (u_j - kappa) + kappa,
@@ -381,8 +408,7 @@ __global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardA
   float* v = smem + L.v;          // (C, DVB)
   float* A = smem + L.scores;     // (C, C)
   float* den = smem + L.den;      // (C)
-  for (int e = threadIdx.x; e < D * DVB; e += NT) S[e] = 0.0f;
-  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  load_initial_state<K>(a.initial_S, a.initial_z, bh, c0, DVB, S, z);
   const float* params = Tr::head_params(a.params, h);
   const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
   typename K::T* out = static_cast<typename K::T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
@@ -435,6 +461,7 @@ __global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardA
     }
     __syncthreads();
   }
+  store_final_state<K>(a.final_S, blockIdx.y == 0 ? a.final_z : nullptr, bh, c0, DVB, S, z);
 }
 
 }  // namespace lunajit

@@ -540,8 +540,7 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
   float* den = smem + L.den;
   float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  for (int e = threadIdx.x; e < D * DV; e += NT) S[e] = 0.0f;
-  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  load_initial_state<K>(a.initial_S, a.initial_z, bh, 0, DV, S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
@@ -633,8 +632,8 @@ __global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardAr
   float* den = smem + L.den;
   float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  for (int e = threadIdx.x; e < D * DV; e += NT) dS[e] = 0.0f;
-  for (int f = threadIdx.x; f < D; f += NT) dz[f] = 0.0f;
+  // The upstream gradient of the final state enters every key's dS_>c, dz_>c.
+  load_initial_state<K>(a.dfinal_S, a.dfinal_z, bh, 0, DV, dS, dz);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
@@ -694,6 +693,8 @@ __global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardAr
     store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
     __syncthreads();
   }
+  // dS_>=0 = dS_T + sum_i phi(q_i) g_i^T: the gradient of the initial S (and z).
+  store_final_state<K>(a.dinitial_S, a.dinitial_z, bh, 0, DV, dS, dz);
   if constexpr (Tr::kLearned)
     write_slot<K>(dparams, a.workspace + w.slots + (long long)(bh_count + bh) * Tr::kParamFloats);
 }
