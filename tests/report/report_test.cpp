@@ -334,11 +334,25 @@ class ReportFiles : public ::testing::Test {
     // One directory per process: ctest runs each test as its own process, in parallel.
     dir_ = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("default-{}", ::getpid());
     fs::remove_all(dir_);
+    // The tests expect default (untuned) configs: the report reads the tuning
+    // database under LUNAJIT_CACHE_DIR, which a user's or another test's tune
+    // may have filled, so it gets an empty one; compiled kernels still come
+    // from (and go to) the usual binary cache.
+    static BinaryCache binaries(BinaryCache::default_dir());
+    const fs::path empty_cache = dir_ / "empty-cache";
+    fs::create_directories(empty_cache);
+    fs::permissions(empty_cache, fs::perms::owner_all);
+    const char* old_env = std::getenv("LUNAJIT_CACHE_DIR");
+    const std::string old_dir = old_env != nullptr ? old_env : "";
+    ::setenv("LUNAJIT_CACHE_DIR", empty_cache.c_str(), 1);
     ReportOptions opt;
+    opt.cache = &binaries;
     for (int sm : {80, 90, 100}) opt.archs.push_back(arch_from_sm(sm).value_or_throw());
     opt.shapes = parse_shapes("2,4,128;1,2,100;1,8,1024;1,8,4096").value_or_throw();
     opt.measure_repeats = 5;
     auto r = build_report(default_spec(Family::luna), opt);
+    if (old_env != nullptr) ::setenv("LUNAJIT_CACHE_DIR", old_dir.c_str(), 1);
+    else ::unsetenv("LUNAJIT_CACHE_DIR");
     ASSERT_TRUE(r) << r.error().message;
     report_ = *r;
     ASSERT_TRUE(write_report(report_, dir_));
