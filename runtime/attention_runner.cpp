@@ -40,7 +40,8 @@ Status AttentionRunner::launch_plan(const LaunchPlan& plan, void* args) {
 }
 
 Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k,
-                                const TensorRef& v, const MutableTensorRef& o, DevicePtr params) {
+                                const TensorRef& v, const MutableTensorRef& o, DevicePtr params,
+                                DevicePtr cu_seqlens) {
   if (source().pass != Pass::forward)
     return Error::invalid(fmt::format("{}: forward() called on a {} runner", source().name, to_string(source().pass)));
   auto plan = plan_launches(spec(), config(), Pass::forward, shape);
@@ -55,13 +56,14 @@ Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, c
   args.o = o;
   args.params = reinterpret_cast<const float*>(params);
   args.workspace = *ws;
+  args.cu_seqlens = reinterpret_cast<const int*>(cu_seqlens);
   return launch_plan(*plan, &args);
 }
 
 Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k,
                                  const TensorRef& v, const TensorRef& o, const TensorRef& dout,
                                  const MutableTensorRef& dq, const MutableTensorRef& dk, const MutableTensorRef& dv,
-                                 DevicePtr params, DevicePtr dparams) {
+                                 DevicePtr params, DevicePtr dparams, DevicePtr cu_seqlens) {
   if (source().pass != Pass::backward)
     return Error::invalid(fmt::format("{}: backward() called on a {} runner", source().name, to_string(source().pass)));
   auto plan = plan_launches(spec(), config(), Pass::backward, shape);
@@ -81,6 +83,7 @@ Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, 
   args.params = reinterpret_cast<const float*>(params);
   args.dparams = reinterpret_cast<float*>(dparams);
   args.workspace = *ws;
+  args.cu_seqlens = reinterpret_cast<const int*>(cu_seqlens);
   return launch_plan(*plan, &args);
 }
 

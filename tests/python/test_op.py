@@ -172,7 +172,7 @@ def test_host_kernel_path_forward_and_backward():
 
 # key_mask, grouped-query attention and cross-attention (docs/MATH.md, "Padding,
 # GQA, cross-attention"). fp64 so that the equalities hold to ~1e-12.
-MASKABLE = sorted(n for n in SPECS if n != "cosformer")
+MASKABLE = sorted(SPECS)  # cosformer and causal performer by packing (cu_seqlens)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -184,10 +184,6 @@ def test_key_mask_padded_batch_equals_per_sequence_calls(name, causal):
     keep = torch.zeros(3, 6, dtype=torch.bool)  # True = real key (fla's attention_mask)
     keep[0], keep[1, :3], keep[2, 4:] = True, True, True  # full, right-padded, left-padded
     run = lambda q, k, v, m=None: lunajit.linear_attention(q, k, v, spec=spec, params=p, chunk=4, key_mask=m)  # noqa
-    if causal and name == "performer":
-        with pytest.raises(RuntimeError, match="key_mask is not supported for causal performer"):
-            run(q, k, v, keep)
-        return
     o = run(q, k, v, keep)
     for b, (s, n) in enumerate([(0, 6), (0, 3), (4, 2)]):
         want = run(q[b:b + 1, s:s + n], k[b:b + 1, s:s + n], v[b:b + 1, s:s + n])
@@ -202,10 +198,9 @@ def test_key_mask_padded_batch_equals_per_sequence_calls(name, causal):
 def test_key_mask_rejections():
     q, k, v = inputs(2, 5, 2, D, DV, torch.float32)
     keep = torch.ones(2, 5, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="key_mask is not supported for family cosformer"):
-        lunajit.linear_attention(q, k, v, family="cosformer", key_mask=keep)
-    with pytest.raises(RuntimeError, match="key_mask is supported on path aten only"):
-        lunajit.linear_attention(q, k, v, family="elu", key_mask=keep, path="host_kernels")
+    with pytest.raises(RuntimeError, match="give key_mask or cu_seqlens, not both"):
+        lunajit.linear_attention(q[:1], k[:1], v[:1], family="elu", key_mask=keep[:1],
+                                 cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
     with pytest.raises(RuntimeError, match="key_mask must be bool"):
         lunajit.linear_attention(q, k, v, family="elu", key_mask=keep.float())
 
