@@ -251,3 +251,46 @@ def test_library_matches_the_running_torch():
     assert base(info["torch_version"]) == base(torch.__version__)
     assert lunajit.LIBRARY_PATH.endswith("liblunajit_torch.so")
     assert info["lunajit_version"] == lunajit.__version__
+
+
+@pytest.mark.parametrize("path", ["aten", "host_kernels"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", ["luna", "cosformer", "performer"])
+def test_cu_seqlens_packed_equals_per_sequence_calls(name, causal, path):
+    # fla's convention: q, k, v [1, total_tokens, heads, dim], int32 offsets; lengths 3, 0, 1, 5.
+    spec = spec_of(name, causal)
+    lengths = [3, 0, 1, 5]
+    cu = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)
+    q, k, v = inputs(1, 9, 2, D, DV, torch.float32, seed=11)
+    p = params_of(spec, 2)
+    if p is not None:
+        p = p.clone().requires_grad_(name == "luna")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn(1, 9, 2, DV, generator=torch.Generator().manual_seed(12))
+    o = lunajit.linear_attention(*leaves, spec=spec, params=p, path=path, cu_seqlens=cu)
+    grads = torch.autograd.grad((o * dout).sum(), leaves + ([p] if name == "luna" else []))
+    want_dp = 0
+    for s, n in zip(cu[:-1].tolist(), lengths):
+        if n == 0:
+            continue
+        one = [t[:, s:s + n].detach().clone().requires_grad_() for t in (q, k, v)]
+        ow = lunajit.linear_attention(*one, spec=spec, params=p, path=path)
+        gw = torch.autograd.grad((ow * dout[:, s:s + n]).sum(), one + ([p] if name == "luna" else []))
+        assert torch.allclose(o[:, s:s + n], ow, atol=2e-5, rtol=2e-4)
+        for g, w in zip(grads[:3], gw[:3]):
+            assert torch.allclose(g[:, s:s + n], w, atol=2e-5, rtol=2e-4)
+        if name == "luna":
+            want_dp = want_dp + gw[3]
+    if name == "luna":
+        assert torch.allclose(grads[3], want_dp, atol=2e-5, rtol=2e-4)
+
+
+def test_cu_seqlens_rejections():
+    q, k, v = inputs(1, 5, 2, D, DV, torch.float32)
+    run = lambda cu, **kw: lunajit.linear_attention(q, k, v, family="elu", cu_seqlens=cu, **kw)  # noqa
+    with pytest.raises(RuntimeError, match="cu_seqlens must be int32"):
+        run(torch.tensor([0, 5]))
+    with pytest.raises(RuntimeError, match=re.escape("cu_seqlens[1] = 4, must equal the total tokens q.size(1) = 5")):
+        run(torch.tensor([0, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seqlens needs head_first=False"):
+        run(torch.tensor([0, 5], dtype=torch.int32), head_first=True)
