@@ -61,18 +61,18 @@ struct SeqSpan {
   long long offset;  // first token in the packed tensors
   int len;
 };
-LUNAJIT_DEVICE inline SeqSpan sequence_span(const int* cu_seqlens, int b, int seq) {
+LUNAJIT_DEVICE SeqSpan sequence_span(const int* cu_seqlens, int b, int seq) {
   if (cu_seqlens == nullptr) return SeqSpan{0, seq};
   return SeqSpan{(long long)cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]};
 }
 template <class T>
-LUNAJIT_DEVICE inline TensorRef at_sequence(TensorRef r, const SeqSpan& s) {
+LUNAJIT_DEVICE TensorRef at_sequence(TensorRef r, const SeqSpan& s) {
   r.data = static_cast<const T*>(r.data) + s.offset * r.stride_seq;
   r.stride_batch = 0;
   return r;
 }
 template <class T>
-LUNAJIT_DEVICE inline MutableTensorRef at_sequence(MutableTensorRef r, const SeqSpan& s) {
+LUNAJIT_DEVICE MutableTensorRef at_sequence(MutableTensorRef r, const SeqSpan& s) {
   r.data = static_cast<T*>(r.data) + s.offset * r.stride_seq;
   r.stride_batch = 0;
   return r;
@@ -80,7 +80,7 @@ LUNAJIT_DEVICE inline MutableTensorRef at_sequence(MutableTensorRef r, const Seq
 // The arguments as seen by the blocks of sequence b (problem.seq stays the
 // longest length: grid and workspace indexing use it).
 template <class K>
-LUNAJIT_DEVICE inline ForwardArgs sequence_args(const ForwardArgs& a, const SeqSpan& s) {
+LUNAJIT_DEVICE ForwardArgs sequence_args(const ForwardArgs& a, const SeqSpan& s) {
   if (a.cu_seqlens == nullptr) return a;
   using T = typename K::T;
   ForwardArgs r = a;
@@ -91,7 +91,7 @@ LUNAJIT_DEVICE inline ForwardArgs sequence_args(const ForwardArgs& a, const SeqS
   return r;
 }
 template <class K>
-LUNAJIT_DEVICE inline BackwardArgs sequence_args(const BackwardArgs& a, const SeqSpan& s) {
+LUNAJIT_DEVICE BackwardArgs sequence_args(const BackwardArgs& a, const SeqSpan& s) {
   if (a.cu_seqlens == nullptr) return a;
   using T = typename K::T;
   BackwardArgs r = a;
