@@ -59,7 +59,7 @@ Status AttentionRunner::launch_plan(const LaunchPlan& plan, void* args) {
 
 Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k,
                                 const TensorRef& v, const MutableTensorRef& o, DevicePtr params,
-                                const StateRefs& state) {
+                                const StateRefs& state, DevicePtr cu_seqlens) {
   if (source().pass != Pass::forward || source().entry("decode_step") != nullptr)
     return Error::invalid(fmt::format("{}: forward() called on a {} runner", source().name,
                                       source().entry("decode_step") ? "decode" : to_string(source().pass)));
@@ -82,6 +82,7 @@ Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, c
   args.initial_z = reinterpret_cast<const float*>(state.initial_z);
   args.final_S = reinterpret_cast<float*>(state.final_S);
   args.final_z = reinterpret_cast<float*>(state.final_z);
+  args.cu_seqlens = reinterpret_cast<const int*>(cu_seqlens);
   return launch_plan(*plan, &args);
 }
 
@@ -113,7 +114,8 @@ Status AttentionRunner::decode(const ProblemShape& shape, const TensorRef& q, co
 Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k,
                                  const TensorRef& v, const TensorRef& o, const TensorRef& dout,
                                  const MutableTensorRef& dq, const MutableTensorRef& dk, const MutableTensorRef& dv,
-                                 DevicePtr params, DevicePtr dparams, const StateGradRefs& state) {
+                                 DevicePtr params, DevicePtr dparams, const StateGradRefs& state,
+                                 DevicePtr cu_seqlens) {
   if (source().pass != Pass::backward)
     return Error::invalid(fmt::format("{}: backward() called on a {} runner", source().name, to_string(source().pass)));
   if (has_state(state))
@@ -142,6 +144,7 @@ Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, 
   args.dfinal_z = reinterpret_cast<const float*>(state.dfinal_z);
   args.dinitial_S = reinterpret_cast<float*>(state.dinitial_S);
   args.dinitial_z = reinterpret_cast<float*>(state.dinitial_z);
+  args.cu_seqlens = reinterpret_cast<const int*>(cu_seqlens);
   return launch_plan(*plan, &args);
 }
 

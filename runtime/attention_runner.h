@@ -39,8 +39,17 @@ class AttentionRunner {
 
   // o = linear_attention(q, k, v) (Pass::forward); `state` (causal specs only,
   // not performer or cosformer) seeds the scan and receives its final state.
+  //
+  // Packed variable-length batch (docs/MATH.md §3): cu_seqlens, when not 0, is a
+  // device pointer to int32 [shape.batch + 1] offsets (0 = cu[0] <= ... <=
+  // cu[batch] = total tokens; the caller validates them) into tensors packed as
+  // [1, total, heads, dim]; shape.batch is then the number of sequences and
+  // shape.seq the longest length (grid and workspace). Tokens of one sequence
+  // never see another's. With cu_seqlens, a state is per sequence
+  // ([shape.batch, heads, ...]); the binding does not offer that combination yet.
   Status forward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                 const MutableTensorRef& o, DevicePtr params, const StateRefs& state = {});
+                 const MutableTensorRef& o, DevicePtr params, const StateRefs& state = {},
+                 DevicePtr cu_seqlens = 0);
 
   // One decoding step (a create_decode runner): q, k, v, o one token per
   // sequence (shape.seq must be 1); state_S, state_z updated in place.
@@ -52,7 +61,8 @@ class AttentionRunner {
   // learns parameters and left untouched otherwise (its gradient is zero).
   Status backward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                   const TensorRef& o, const TensorRef& dout, const MutableTensorRef& dq, const MutableTensorRef& dk,
-                  const MutableTensorRef& dv, DevicePtr params, DevicePtr dparams, const StateGradRefs& state = {});
+                  const MutableTensorRef& dv, DevicePtr params, DevicePtr dparams, const StateGradRefs& state = {},
+                  DevicePtr cu_seqlens = 0);
 
   // phi = feature_map(x) as fp32 [batch, seq, heads, D] contiguous (Pass::feature_map).
   Status feature_map(const ProblemShape& shape, const TensorRef& x, DevicePtr phi, DevicePtr params, bool is_query);

@@ -114,6 +114,11 @@ Tensor LinearAttentionImpl::weights(const Tensor& q, const Tensor& k, const Tens
                                                                         spec_.value_dim});
   const Tensor p = op_params(feature_map->params);
   check_linear_attention_inputs(q, k, v_like, p, spec_, AttentionPath::aten, false, key_mask);
+  TORCH_CHECK(!key_mask.defined() ||
+                  !(spec_.family == Family::cosformer || (spec_.causal && spec_.family == Family::performer)),
+              "LinearAttention::weights: key_mask is not supported for cosformer and causal performer (their "
+              "features depend on the positions the mask removes; the forward packs instead); call it per "
+              "sequence on the real tokens");
   // (Causal performer maps each query's keys with its own running stabiliser, docs/MATH.md §2.)
   return aten::linear_attention_weights(q, repeat_kv_heads(k, q.size(2)), p.defined() ? p : torch::empty({0}, q.options()),
                                         spec_, key_mask);

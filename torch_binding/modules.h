@@ -151,8 +151,10 @@ struct MultiheadOptions {
 // avoids. key_padding_mask: bool [batch, seq_k], true for padding (torch's
 // meaning); pad keys contribute nothing, so real tokens' outputs equal those of
 // the unpadded sequence (right or left padding, causal or not; rows of pad
-// queries are meaningless). Not for cosformer nor causal performer (the op
-// rejects them). attn_mask is rejected (linear attention has no per-pair mask;
+// queries are meaningless). Every family and path: on the kernel paths and for
+// cosformer and causal performer the op packs the real tokens of each row into
+// a variable-length batch (LinearAttentionOptions::cu_seqlens), pad query rows
+// 0; need_weights with a mask is rejected for those two. attn_mask is rejected (linear attention has no per-pair mask;
 // causality comes from the core). key and value share [seq_k, batch]; seq_k may
 // differ from query's seq_q when the core is not causal (cross-attention;
 // not with dwc, which adds a convolution of V to each query position).

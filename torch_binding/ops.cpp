@@ -86,7 +86,7 @@ AttentionPath parse_path(const std::string& s) {
 Tensor linear_attention_op(const Tensor& q, const Tensor& k, const Tensor& v, const c10::optional<Tensor>& params,
                            const std::string& spec_text, const std::string& path, int64_t chunk,
                            const std::string& config, bool kernel_backward, bool check_finite,
-                           const c10::optional<Tensor>& key_mask) {
+                           const c10::optional<Tensor>& key_mask, const c10::optional<Tensor>& cu_seqlens) {
   const AttentionSpec spec = parse_spec(spec_text);
   LinearAttentionOptions opts;
   opts.path = parse_path(path);
@@ -96,6 +96,7 @@ Tensor linear_attention_op(const Tensor& q, const Tensor& k, const Tensor& v, co
   opts.check_finite = check_finite;
   if (!config.empty()) opts.config = unwrap(tile_config_from_string(config, TileConfig()), "linear_attention: config");
   if (key_mask) opts.key_mask = *key_mask;
+  if (cu_seqlens) opts.cu_seqlens = *cu_seqlens;
   return linear_attention(q, k, v, params ? *params : Tensor(), spec, opts);
 }
 
@@ -148,6 +149,9 @@ Tensor linear_attention_weights_op(const Tensor& q, const Tensor& k, const c10::
   const Tensor p = params ? *params : Tensor();
   const Tensor mask = key_mask ? *key_mask : Tensor();
   check_linear_attention_inputs(q, k, v_like, p, spec, AttentionPath::aten, false, mask);
+  TORCH_CHECK(!mask.defined() || !(spec.family == Family::cosformer || (spec.causal && spec.family == Family::performer)),
+              "linear_attention_weights: key_mask is not supported for cosformer and causal performer (their "
+              "features depend on the positions the mask removes); call it per sequence on the real tokens");
   return aten::linear_attention_weights(q, repeat_kv_heads(k, q.size(2)), p.defined() ? p : torch::empty({0}, q.options()),
                                         spec, mask);
 }
@@ -281,8 +285,8 @@ std::string build_info_op() {
 
 TORCH_LIBRARY(lunajit, m) {
   m.def("linear_attention(Tensor q, Tensor k, Tensor v, Tensor? params, str spec, str path=\"automatic\", "
-        "int chunk=64, str config=\"\", bool kernel_backward=True, bool check_finite=False, Tensor? key_mask=None) "
-        "-> Tensor");
+        "int chunk=64, str config=\"\", bool kernel_backward=True, bool check_finite=False, Tensor? key_mask=None, "
+        "Tensor? cu_seqlens=None) -> Tensor");
   m.def("linear_attention_state(Tensor q, Tensor k, Tensor v, Tensor? params, str spec, Tensor? initial_S=None, "
         "Tensor? initial_z=None, str path=\"automatic\", int chunk=64, str config=\"\", bool kernel_backward=True) "
         "-> (Tensor, Tensor, Tensor)");

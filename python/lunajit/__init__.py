@@ -96,7 +96,8 @@ def _spec_for(q, v, spec, family, causal, fields):
 
 def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=None, head_first=False,
                      path="automatic", chunk=64, config=None, kernel_backward=True, check_finite=False,
-                     seed=0, key_mask=None, initial_state=None, output_final_state=False, **spec_fields):
+                     seed=0, key_mask=None, cu_seqlens=None, initial_state=None, output_final_state=False,
+                     **spec_fields):
     """Linear attention o = phi(q) S / (phi(q) z + eps) of docs/MATH.md.
 
     q: [batch, seq_q, heads, head_dim], k: [batch, seq_k, heads_kv, head_dim], v:
@@ -106,8 +107,16 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     seq_k may differ from seq_q when not causal (cross-attention; path aten).
     key_mask: bool [batch, seq_k], True for real keys, False for padding (fla's
     attention_mask meaning, the opposite of torch's key_padding_mask): masked keys
-    contribute nothing, so a padded batch equals per-sequence calls (path aten;
-    not for cosformer nor causal performer).
+    contribute nothing, so a padded batch equals per-sequence calls on the real
+    tokens (every family and path: the kernel paths, cosformer and causal
+    performer pack the real tokens as with cu_seqlens; pad query rows are then 0).
+    cu_seqlens: int32 [num_seqs + 1] offsets of a packed variable-length batch
+    (fla's name and meaning): q, k, v are [1, total_tokens, heads, dim] with the
+    sequences one after another, sequence i being tokens cu_seqlens[i] ..
+    cu_seqlens[i+1]-1; each is computed alone (no token sees another sequence's;
+    cosformer uses each sequence's own length, causal performer restarts its
+    running stabiliser). Forward and backward on every path; not with key_mask,
+    head_first or seq_k != seq_q.
     spec: a dict / JSON / file (None: the default spec of `family`); head_dim,
     value_dim and dtype the spec does not set come from the tensors; `causal` and
     `spec_fields` override the spec. params: the flat feature-map parameters
@@ -131,6 +140,9 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     if path not in PATHS:
         raise ValueError("lunajit.linear_attention: path %r is not one of %s" % (path, ", ".join(PATHS)))
     if head_first:
+        if cu_seqlens is not None:
+            raise ValueError("lunajit.linear_attention: cu_seqlens needs head_first=False (packed [1, total_tokens, "
+                             "heads, dim], as fla)")
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     text, has_params = _spec_for(q, v, spec, family, causal, spec_fields)
     if params is None and has_params:
@@ -138,15 +150,15 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     cfg = "" if config is None else (config if isinstance(config, str) else json.dumps(config))
     if initial_state is not None or output_final_state:
         S0, z0 = _state_pair(initial_state, "linear_attention", "initial_state")
-        if key_mask is not None or check_finite:
-            raise ValueError("lunajit.linear_attention: key_mask and check_finite cannot be combined with "
-                             "initial_state / output_final_state")
+        if key_mask is not None or check_finite or cu_seqlens is not None:
+            raise ValueError("lunajit.linear_attention: key_mask, cu_seqlens and check_finite cannot be combined "
+                             "with initial_state / output_final_state")
         o, S, z = torch.ops.lunajit.linear_attention_state(q, k, v, params, text, S0, z0, path, int(chunk), cfg,
                                                            bool(kernel_backward))
         o = o.transpose(1, 2) if head_first else o
         return (o, (S, z)) if output_final_state else o
     o = torch.ops.lunajit.linear_attention(q, k, v, params, text, path, int(chunk), cfg, bool(kernel_backward),
-                                           bool(check_finite), key_mask)
+                                           bool(check_finite), key_mask, cu_seqlens)
     return o.transpose(1, 2) if head_first else o
 
 

@@ -84,11 +84,13 @@ class LinearAttention(torch.nn.Module):
         return p
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                key_mask: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """k, v may have fewer heads (GQA) and, when not causal, another length;
-        key_mask: bool [batch, seq_k], True for real keys (lunajit.linear_attention)."""
+        key_mask: bool [batch, seq_k], True for real keys; cu_seqlens: int32 offsets
+        of a packed [1, total, heads, dim] batch (lunajit.linear_attention)."""
         return torch.ops.lunajit.linear_attention(q, k, v, self._params(), self.spec_json, self.path, self.chunk,
-                                                  self.config, self.kernel_backward, False, key_mask)
+                                                  self.config, self.kernel_backward, False, key_mask, cu_seqlens)
 
     def forward_with_state(self, q, k, v, state=None):
         """Causal attention from state (None or (S, z), lunajit.linear_attention's
@@ -121,8 +123,9 @@ class MultiheadLinearAttention(torch.nn.Module):
     embed] with batch_first), key and value alike with seq_k, which may differ
     from seq_q when not causal (not with dwc). key_padding_mask: bool [batch,
     seq_k], True for padding (torch's meaning): pad keys contribute nothing, so
-    real tokens' outputs equal those of the unpadded sequences (not for cosformer
-    nor causal performer). need_weights defaults to False (torch: True): the
+    real tokens' outputs equal those of the unpadded sequences, every family
+    (cosformer, causal performer and the kernel paths pack the real tokens, as
+    cu_seqlens; their need_weights takes no mask). need_weights defaults to False (torch: True): the
     weights are O(seq_q * seq_k). num_kv_heads (None: num_heads) divides
     num_heads: grouped-query attention, k_proj / v_proj project to num_kv_heads
     heads."""

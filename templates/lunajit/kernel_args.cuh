@@ -65,6 +65,13 @@ struct ForwardArgs {
   const float* initial_z;
   float* final_S;
   float* final_z;
+  // Variable-length packed batch (docs/MATH.md §3 "Packed sequences"); null:
+  // problem.batch equal-length sequences of problem.seq tokens. Else int32
+  // [problem.batch + 1] offsets (fla's cu_seqlens): sequence b is the tokens
+  // cu_seqlens[b] .. cu_seqlens[b+1]-1 of tensors packed as [1, total, heads, dim]
+  // (stride_batch is ignored), and problem.seq is the longest length (it sizes
+  // the grid and the workspace).
+  const int* cu_seqlens;
 };
 
 // Backward of linear attention (docs/MATH.md §1). o is the forward output,
@@ -94,6 +101,7 @@ struct BackwardArgs {
   const float* dfinal_z;
   float* dinitial_S;
   float* dinitial_z;
+  const int* cu_seqlens;  // as in ForwardArgs
 };
 
 // One decoding step (templates/lunajit/linear_attention_decode.cuh): q, k, v
