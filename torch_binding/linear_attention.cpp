@@ -203,7 +203,7 @@ Tensor forward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, con
   run_on(target, path, q, [&] {
     std::lock_guard lock(slot.mutex);
     return slot.runner->forward(shape, tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
-                                device_ptr(params), vl.cu.defined() ? device_ptr(vl.cu) : DevicePtr(0));
+                                device_ptr(params), StateRefs{}, vl.cu.defined() ? device_ptr(vl.cu) : DevicePtr(0));
   });
   return o;
 }
@@ -225,7 +225,7 @@ variable_list backward_kernels(AttentionPath path, const Tensor& q, const Tensor
     std::lock_guard lock(slot.mutex);
     return slot.runner->backward(shape, tensor_ref(q), tensor_ref(k), tensor_ref(v), tensor_ref(o),
                                  tensor_ref(dout), mutable_ref(dq), mutable_ref(dk), mutable_ref(dv),
-                                 device_ptr(params), device_ptr(dparams),
+                                 device_ptr(params), device_ptr(dparams), StateGradRefs{},
                                  vl.cu.defined() ? device_ptr(vl.cu) : DevicePtr(0));
   });
   return {dq, dk, dv, dparams};
