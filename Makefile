@@ -59,7 +59,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-o
 ASAN_TARGETS ?= codegen_tests cache_tests reference_tests
 # Tests registered with plain add_test (pytest, the install tree, the sanitized
 # sweep) name no gtest binary, so they never show as _NOT_BUILT: list them here.
-ASAN_EXCLUDE ?= _NOT_BUILT|^python_|^install_|^tuner_sweep_sanitized$$
+ASAN_EXCLUDE ?= _NOT_BUILT|^python_|^install_|^tuner_sweep_sanitized$$|^state_host_sanitized$$|^gpu_check_dry_run$$
 export ASAN_OPTIONS ?= detect_leaks=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 

@@ -66,8 +66,9 @@ int run_report(const ReportArgs& a, bool as_json) {
 
 ReportCommand add_report_command(CLI::App& app, ReportArgs& a) {
   ReportCommand c;
-  c.report = app.add_subcommand("report", "kernel report: resources, occupancy, bytes/FLOPs, roofline (and measured) "
-                                          "time per kernel as JSON, Markdown and HTML");
+  c.report = app.add_subcommand("report", "kernel report: resources, occupancy, PTX census, bytes/FLOPs, the cost "
+                                          "model's prediction and limiter (and measured) time per kernel as JSON, "
+                                          "Markdown and HTML");
   c.report->add_option("SPEC", a.spec, "spec JSON file or inline JSON text (default: the default LUNA spec)");
   c.report->add_option("--arch", a.archs, "comma-separated archs, e.g. sm_80,sm_90,sm_100");
   c.report->add_option("--shapes", a.shapes, "problem shapes B,H,N[;B,H,N...]");

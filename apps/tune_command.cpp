@@ -94,8 +94,8 @@ class ProgressBar {
 std::string shape_text(const ProblemShape& s) { return fmt::format("{}x{}x{}", s.batch, s.heads, s.seq); }
 
 void print_table(const std::vector<TuneResult>& results) {
-  std::printf("%-9s %-12s %-18s %-30s %-13s %10s %6s %9s %8s %7s\n", "pass", "B x H x N", "bucket (N, BxH)", "chosen",
-              "method", "ms", "cands", "correct", "compile", "check");
+  std::printf("%-9s %-12s %-18s %-30s %-13s %10s %9s %9s %8s %7s\n", "pass", "B x H x N", "bucket (N, BxH)", "chosen",
+              "method", "ms", "tried/all", "correct", "compile", "check");
   for (const auto& r : results) {
     size_t correct = 0;
     double ms = 0;
@@ -105,13 +105,14 @@ void print_table(const std::vector<TuneResult>& results) {
     }
     const std::string bucket = fmt::format("{}, {}", r.key.bucket.seq, r.key.bucket.batch_heads);
     if (r.from_db) {
-      std::printf("%-9s %-12s %-18s %-30s %-13s %10s %6s %9s %8s %7s\n", std::string(to_string(r.pass)).c_str(),
+      std::printf("%-9s %-12s %-18s %-30s %-13s %10s %9s %9s %8s %7s\n", std::string(to_string(r.pass)).c_str(),
                   shape_text(r.shape).c_str(), bucket.c_str(), r.chosen.to_string().c_str(), r.method.c_str(), "-",
                   "-", "-", "(db)", "-");
     } else {
-      std::printf("%-9s %-12s %-18s %-30s %-13s %10.4f %6zu %9zu %7.1fs %6.1fs\n",
+      std::printf("%-9s %-12s %-18s %-30s %-13s %10.4f %9s %9zu %7.1fs %6.1fs\n",
                   std::string(to_string(r.pass)).c_str(), shape_text(r.shape).c_str(), bucket.c_str(),
-                  r.chosen.to_string().c_str(), r.method.c_str(), ms, r.candidates.size(), correct,
+                  r.chosen.to_string().c_str(), r.method.c_str(), ms,
+                  fmt::format("{}/{}", r.candidates.size() - r.pruned, r.candidates.size()).c_str(), correct,
                   r.compile_wall_seconds, r.check_wall_seconds);
     }
   }
@@ -127,7 +128,8 @@ json results_json(const std::vector<TuneResult>& results) {
                        {"status", c.status},
                        {"correct", c.correct},
                        {"rel_rms", c.rel_rms},
-                       {"compile_seconds", c.compile_seconds}});
+                       {"compile_seconds", c.compile_seconds},
+                       {"model_ms", c.model_ms}});
     out.push_back({{"pass", to_string(r.pass)},
                    {"shape", {r.shape.batch, r.shape.heads, r.shape.seq}},
                    {"key", r.key.to_string()},
@@ -137,6 +139,8 @@ json results_json(const std::vector<TuneResult>& results) {
                    {"compile_wall_seconds", r.compile_wall_seconds},
                    {"check_wall_seconds", r.check_wall_seconds},
                    {"nvrtc_compiles", r.nvrtc_compiles},
+                   {"space_size", r.space_size},
+                   {"pruned", r.pruned},
                    {"candidates", cands}});
   }
   return out;
@@ -184,6 +188,8 @@ int run_tune(const TuneRun& a) {
   opt.arch = arch;
   opt.shapes = *shapes;
   opt.max_candidates = a.max_candidates;
+  opt.top_k = a.top_k;
+  opt.exhaustive = a.exhaustive;
   opt.threads = a.threads;
   opt.retune = a.retune;
   if (a.pass != "all") {
@@ -211,7 +217,8 @@ int run_tune(const TuneRun& a) {
     CudaTimerOptions t;
     if (a.budget_seconds > 0) {
       // The budget is per (pass, shape), shared by the candidates.
-      const size_t n = Tuner(db, *check_backend, opt).candidates(*spec, Pass::forward).size();
+      size_t n = Tuner(db, *check_backend, opt).candidates(*spec, Pass::forward).size();
+      if (!opt.exhaustive && opt.top_k > 0) n = std::min(n, opt.top_k * opt.shapes.size());
       t.budget_seconds = a.budget_seconds / double(std::max<size_t>(n, 1));
     }
     timer = make_cuda_event_timer(*gpu, t);
@@ -293,6 +300,10 @@ Subcommand add_tune_command(CLI::App& app) {
   cmd->add_option("--max-candidates", args->max_candidates,
                   "tune an evenly spaced subset of this many candidates (0: all)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}));
+  cmd->add_option("--top-k", args->top_k,
+                  "compile, check and rank only the cost model's best K candidates per shape (0: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}));
+  cmd->add_flag("--exhaustive", args->exhaustive, "compile, check and rank every candidate (no model pre-ranking)");
   cmd->add_option("--threads", args->threads, "compile/check workers (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
   cmd->add_flag("--retune", args->retune, "ignore the database and tune again");

@@ -1,9 +1,11 @@
 // `lunajit tune SPEC --shapes B,H,N[;B,H,N...] [--arch sm_90] [--budget S]`:
 // tunes every tunable pass of the spec at the given shapes and stores the
 // choices in the tuning database (autotune/tuner.h). With a GPU: candidates
-// timed with CUDA events ("measured"); without: every candidate compiled with
-// NVRTC for --arch, checked on the host backend at a small shape against the
-// reference, ranked by the cost model ("model-ranked"). A progress bar goes to
+// timed with CUDA events ("measured"); without: compiled with NVRTC for
+// --arch, checked on the host backend at a small shape against the
+// reference, ranked by the cost model ("model-ranked"). Only the cost model's
+// best --top-k candidates per shape are compiled, checked and ranked
+// (default 6); --exhaustive takes the whole space. A progress bar goes to
 // stderr, a summary table (or --json) to stdout.
 #pragma once
 
@@ -27,6 +29,8 @@ struct TuneRun {
   std::string pass = "all";     // forward | backward | all (every tunable pass)
   double budget_seconds = 0;    // GPU: total timing budget per (pass, shape); 0: 0.2 s per candidate
   size_t max_candidates = 0;    // 0: the whole search space
+  size_t top_k = 6;             // the model's best per shape that are compiled (0: all); TuneOptions::top_k
+  bool exhaustive = false;      // every candidate (ignores top_k)
   int threads = 0;
   bool retune = false;
   bool json = false;

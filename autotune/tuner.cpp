@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "autotune/cost_model.h"
+#include "codegen/cost_model.h"
 #include "autotune/forward_probe.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
@@ -179,10 +179,56 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
     }
     if (pending.empty()) continue;
 
-    const std::vector<TileConfig> configs = candidates(spec, pass);
+    const std::vector<TileConfig> space = candidates(spec, pass);
     const TileConfig reference_config = default_config(spec, arch, pass);
+    // Step 1: the model's pre-ranking (quick tune).
+    std::vector<TileConfig> configs = space;
+    std::vector<CandidateResult> pruned_rows;
+    std::vector<double> model_ms(space.size(), 0);
+    if (!options_.exhaustive && options_.top_k > 0 && space.size() > options_.top_k) {
+      std::vector<bool> keep(space.size(), false);
+      std::vector<size_t> rank_of(space.size(), 0);
+      for (const ProblemShape& shape : pending) {
+        std::vector<double> ms(space.size(), std::numeric_limits<double>::infinity());
+        for (size_t i = 0; i < space.size(); ++i)
+          if (auto p = predict_pass(spec, space[i], pass, shape, *gpu_, arch)) ms[i] = p->ms;
+        std::vector<size_t> order(space.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ms[a] < ms[b]; });
+        for (size_t r = 0; r < order.size(); ++r) {
+          if (r < options_.top_k) keep[order[r]] = true;
+          if (&shape == &pending.front()) {
+            rank_of[order[r]] = r + 1;
+            model_ms[order[r]] = ms[order[r]];
+          }
+        }
+      }
+      configs.clear();
+      std::vector<double> kept_ms;
+      for (size_t i = 0; i < space.size(); ++i) {
+        if (keep[i]) {
+          configs.push_back(space[i]);
+          kept_ms.push_back(std::isfinite(model_ms[i]) ? model_ms[i] : 0);
+          continue;
+        }
+        CandidateResult r;
+        r.config = space[i];
+        // A config the model cannot predict ranks last; its row keeps a finite
+        // ms (JSON has no infinity) and says why.
+        const bool predicted = std::isfinite(model_ms[i]);
+        r.model_ms = predicted ? model_ms[i] : 0;
+        r.ms = r.model_ms;
+        r.status = predicted ? fmt::format("pruned (model rank {} of {})", rank_of[i], space.size())
+                             : fmt::format("pruned (model rank {} of {}: no prediction)", rank_of[i], space.size());
+        pruned_rows.push_back(std::move(r));
+      }
+      model_ms = std::move(kept_ms);
+    }
     std::vector<CandidateResult> rows(configs.size());
-    for (size_t i = 0; i < configs.size(); ++i) rows[i].config = configs[i];
+    for (size_t i = 0; i < configs.size(); ++i) {
+      rows[i].config = configs[i];
+      rows[i].model_ms = model_ms[i];
+    }
     auto report = [&](const char* stage, size_t done, size_t total) {
       if (options_.progress) options_.progress({stage, pass, done, total});
     };
@@ -274,6 +320,8 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       res.compile_wall_seconds = compile_wall;
       res.check_wall_seconds = check_wall;
       res.nvrtc_compiles = nvrtc_compiles;
+      res.space_size = space.size();
+      res.pruned = pruned_rows.size();
       res.candidates = rows;
       std::optional<ForwardBench> bench;
       if (measure) {
@@ -309,7 +357,7 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
           c.status = sample->rejected_early ? "slow (rejected early)" : "ok";
         } else {
           const size_t i = &c - res.candidates.data();
-          auto est = estimate_cost(spec, c.config, pass, shape, *gpu_, arch, usage[i]);
+          auto est = predict_pass(spec, c.config, pass, shape, *gpu_, arch, usage[i]);
           if (!est) return est.error();
           c.ms = est->ms;
           c.status = "ok";
@@ -328,6 +376,7 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
                                           spec_hash(spec).substr(0, 8), why));
       }
       res.chosen = winner->config;
+      res.candidates.insert(res.candidates.end(), pruned_rows.begin(), pruned_rows.end());
 
       TuningEntry e;
       e.key = res.key;

@@ -4,7 +4,11 @@
 // For each tunable pass (forward; backward once generated):
 //   1. candidates: search_space (valid configs deduplicated by the pass's
 //      effective knobs), optionally an evenly spaced sample (demo, tests);
-//   2. every candidate is compiled with NVRTC for the arch, in parallel on all
+//      unless `exhaustive`, the cost model (codegen/cost_model.h, 64
+//      registers assumed) ranks them at every pending shape and only the best
+//      `top_k` at each shape go on (their union, in search-space order); the
+//      others are listed as "pruned (model rank r of n)" and cannot win;
+//   2. every remaining candidate is compiled with NVRTC for the arch, in parallel on all
 //      cores (a candidate that can_implement accepts but NVRTC rejects is an
 //      error: a bug in the templates, not something to skip);
 //   3. correctness: the reference config (default_config) is checked against
@@ -47,11 +51,18 @@ struct TuneProgress {
 
 struct TuneResult;
 
+// How many candidates per shape the quick tune compiles, checks and ranks
+// (`lunajit tune --top-k`): 6 keeps a cold tune of the default spec (forward
+// and backward, one shape) under a minute on 2 cores (README "Tuning").
+inline constexpr size_t kDefaultTopK = 6;
+
 struct TuneOptions {
   Arch arch;
   std::vector<ProblemShape> shapes;
   std::vector<Pass> passes;       // empty: tunable_passes(spec, arch)
   size_t max_candidates = 0;      // 0: the whole search space; else sample_space(.., n, default)
+  size_t top_k = kDefaultTopK;    // step 1's model pre-ranking keeps this many per shape (0: all)
+  bool exhaustive = false;        // compile, check and rank every candidate (no pre-ranking)
   int threads = 0;                // compile/check workers; 0: std::thread::hardware_concurrency()
   bool check = true;              // step 3 (off only for tests that look at compilation alone)
   CheckOptions check_options{{1, 2, 70}, 7};  // the small shape of step 3
@@ -74,7 +85,9 @@ struct CandidateResult {
   bool correct = false;         // passed step 3 (or step 3 was off)
   double rel_rms = 0;           // against the reference config's output
   double ms = 0;                // measured median or predicted
-  std::string status;           // "ok", "wrong output: ...", "compile failed: ...", "slow (rejected early)"
+  std::string status;           // "ok", "wrong output: ...", "compile failed: ...", "slow (rejected early)",
+                                // "pruned (model rank r of n)"
+  double model_ms = 0;          // step 1's pre-ranking prediction at the first pending shape (0 when exhaustive)
 };
 
 struct TuneResult {
@@ -90,6 +103,8 @@ struct TuneResult {
   double compile_wall_seconds = 0;  // step 2 for the pass (shared by its shapes)
   double check_wall_seconds = 0;    // step 3
   uint64_t nvrtc_compiles = 0;      // NVRTC invocations of step 2
+  size_t space_size = 0;            // candidates before step 1's pre-ranking
+  size_t pruned = 0;                // of which pruned by the model (not compiled)
 };
 
 class Tuner {

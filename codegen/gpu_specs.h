@@ -25,6 +25,8 @@ struct GpuSpec {
   double fp32_tflops = 0;       // non-tensor FP32 (FMA = 2 FLOPs)
   double fp16_tensor_tflops = 0;  // dense FP16 tensor-core, FP32 accumulate
   double bf16_tensor_tflops = 0;  // dense BF16 tensor-core, FP32 accumulate
+  double tf32_tensor_tflops = 0;  // dense TF32 tensor-core (fp32 I/O specs on a TF32 path)
+  double boost_mhz = 0;         // boost clock: shared-memory and SFU rates are per clock
   double l2_mib = 0;
   std::string source;           // where the numbers come from
 };
@@ -43,5 +45,17 @@ const GpuSpec* representative_gpu(int sm);
 
 // Peak FLOP/s (in TFLOP/s) a kernel without tensor cores can reach: the FP32 rate.
 inline double scalar_peak_tflops(const GpuSpec& g) { return g.fp32_tflops; }
+
+// Dense tensor-core peak (TFLOP/s, FP32 accumulate) for products whose
+// operands are `operand` (bf16, fp16; fp32 operands run on TF32).
+double tensor_peak_tflops(const GpuSpec& g, DType operand);
+
+// Per-SM rates per clock that the table does not vary (CUDA C++ Programming
+// Guide, "Arithmetic Instructions" throughput table and "Shared Memory" of
+// compute capabilities 8.x-12.x): 32 banks of 4 bytes serve one wavefront of
+// 128 bytes per clock; the special-function units (MUFU: rcp, rsqrt, ex2, lg2,
+// sin, cos) retire 16 results per clock per SM.
+inline constexpr double kSharedWavefrontsPerClockPerSm = 1;
+inline constexpr double kSfuOpsPerClockPerSm = 16;
 
 }  // namespace lunajit

@@ -521,3 +521,111 @@ Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
 }
 
 }  // namespace lunajit::reference
+
+namespace lunajit::reference {
+
+Status check_cu_seqlens(std::span<const int> cu, int64_t total_tokens) {
+  if (cu.empty())
+    return Error::invalid("cu_seqlens: needs num_seqs + 1 >= 1 offsets, got an empty array");
+  if (cu[0] != 0) return Error::invalid(fmt::format("cu_seqlens[0] = {}, must be 0", cu[0]));
+  for (size_t i = 1; i < cu.size(); ++i)
+    if (cu[i] < cu[i - 1])
+      return Error::invalid(fmt::format("cu_seqlens must be non-decreasing, got cu_seqlens[{}] = {} < "
+                                        "cu_seqlens[{}] = {}",
+                                        i, cu[i], i - 1, cu[i - 1]));
+  if (cu.back() != total_tokens)
+    return Error::invalid(fmt::format("cu_seqlens[{}] = {}, must equal the total tokens {}", cu.size() - 1,
+                                      cu.back(), total_tokens));
+  return ok_status();
+}
+
+namespace {
+
+// Rows [row0, row0 + rows) of a [1, total, heads, width] tensor (row = token * heads + h).
+std::vector<double> token_slice(std::span<const double> x, int64_t t0, int64_t len, int heads, int width) {
+  const int64_t stride = int64_t(heads) * width;
+  return std::vector<double>(x.begin() + t0 * stride, x.begin() + (t0 + len) * stride);
+}
+
+void put_slice(std::span<const double> part, int64_t t0, int heads, int width, std::vector<double>& x) {
+  std::copy(part.begin(), part.end(), x.begin() + t0 * int64_t(heads) * width);
+}
+
+Status check_packed(const AttentionSpec& spec, int heads, std::span<const int> cu, size_t q_size, size_t k_size,
+                    size_t v_size) {
+  if (heads < 1) return Error::invalid(fmt::format("heads = {}, must be >= 1", heads));
+  const int64_t row_q = int64_t(heads) * spec.head_dim;
+  if (q_size % row_q != 0)
+    return Error::invalid(fmt::format("q has {} values, not a whole number of [heads={}, head_dim={}] rows",
+                                      q_size, heads, spec.head_dim));
+  const int64_t total = int64_t(q_size) / row_q;
+  if (auto st = check_cu_seqlens(cu, total); !st) return st;
+  if (int64_t(k_size) != total * row_q)
+    return Error::invalid(fmt::format("k has {} values, expected {} (= q's)", k_size, total * row_q));
+  if (int64_t(v_size) != total * heads * spec.value_dim)
+    return Error::invalid(fmt::format("v has {} values, expected {}", v_size, total * heads * spec.value_dim));
+  return ok_status();
+}
+
+}  // namespace
+
+Result<ForwardResult> linear_attention_forward_varlen(const AttentionSpec& spec, int heads,
+                                                      std::span<const int> cu, std::span<const double> q,
+                                                      std::span<const double> k, std::span<const double> v,
+                                                      std::span<const double> params) {
+  if (auto st = check_packed(spec, heads, cu, q.size(), k.size(), v.size()); !st) return st.error();
+  ForwardResult result;
+  result.out.assign(size_t(cu.back()) * heads * spec.value_dim, 0.0);
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    const int len = cu[s + 1] - cu[s];
+    if (len == 0) continue;
+    const AttentionShape shape{1, len, heads};
+    auto part = linear_attention_forward(spec, shape, token_slice(q, cu[s], len, heads, spec.head_dim),
+                                         token_slice(k, cu[s], len, heads, spec.head_dim),
+                                         token_slice(v, cu[s], len, heads, spec.value_dim), params);
+    if (!part) return part.error();
+    put_slice(part->out, cu[s], heads, spec.value_dim, result.out);
+  }
+  return result;
+}
+
+Result<Gradients> linear_attention_backward_varlen(const AttentionSpec& spec, int heads, std::span<const int> cu,
+                                                   std::span<const double> q, std::span<const double> k,
+                                                   std::span<const double> v, std::span<const double> params,
+                                                   std::span<const double> dout) {
+  if (auto st = check_packed(spec, heads, cu, q.size(), k.size(), v.size()); !st) return st.error();
+  if (dout.size() != v.size())
+    return Error::invalid(fmt::format("dout has {} values, expected {} (= v's)", dout.size(), v.size()));
+  Gradients g;
+  g.dq.assign(q.size(), 0.0);
+  g.dk.assign(k.size(), 0.0);
+  g.dv.assign(v.size(), 0.0);
+  g.dq_terms.assign(q.size(), 0.0);
+  g.dk_terms.assign(k.size(), 0.0);
+  g.dv_terms.assign(v.size(), 0.0);
+  g.dparams.assign(params.size(), 0.0);
+  g.dparams_terms.assign(params.size(), 0.0);
+  const int d = spec.head_dim, dv = spec.value_dim;
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    const int len = cu[s + 1] - cu[s];
+    if (len == 0) continue;
+    const AttentionShape shape{1, len, heads};
+    auto part = linear_attention_backward(spec, shape, token_slice(q, cu[s], len, heads, d),
+                                          token_slice(k, cu[s], len, heads, d), token_slice(v, cu[s], len, heads, dv),
+                                          params, token_slice(dout, cu[s], len, heads, dv));
+    if (!part) return part.error();
+    put_slice(part->dq, cu[s], heads, d, g.dq);
+    put_slice(part->dk, cu[s], heads, d, g.dk);
+    put_slice(part->dv, cu[s], heads, dv, g.dv);
+    put_slice(part->dq_terms, cu[s], heads, d, g.dq_terms);
+    put_slice(part->dk_terms, cu[s], heads, d, g.dk_terms);
+    put_slice(part->dv_terms, cu[s], heads, dv, g.dv_terms);
+    for (size_t i = 0; i < params.size(); ++i) {
+      g.dparams[i] += part->dparams[i];
+      g.dparams_terms[i] += part->dparams_terms[i];
+    }
+  }
+  return g;
+}
+
+}  // namespace lunajit::reference

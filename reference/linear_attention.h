@@ -141,3 +141,33 @@ Result<std::vector<double>> linear_attention_weights(const AttentionSpec& spec,
                                                      std::span<const double> params);
 
 }  // namespace lunajit::reference
+
+namespace lunajit::reference {
+
+// Packed variable-length batches (docs/MATH.md §3 "Packed sequences", fla's
+// cu_seqlens): q, k, v and dout are [1, total, heads, *] with the sequences one
+// after another; cu_seqlens [num_seqs + 1] holds their offsets (0 = cu[0] <=
+// cu[1] <= ... <= cu[num_seqs] = total). Each sequence is its own problem: its
+// positions (cosformer's N is its own length), its performer stabilisers and its
+// causal mask; tokens of one sequence never see another's. Sequences of length 0
+// contribute nothing. The results are the per-sequence results placed at their
+// tokens; parameter gradients are summed over sequences. `stab` of the forward
+// result is left empty (it is per sequence).
+Status check_cu_seqlens(std::span<const int> cu_seqlens, int64_t total_tokens);
+
+Result<ForwardResult> linear_attention_forward_varlen(const AttentionSpec& spec, int heads,
+                                                      std::span<const int> cu_seqlens,
+                                                      std::span<const double> q,
+                                                      std::span<const double> k,
+                                                      std::span<const double> v,
+                                                      std::span<const double> params);
+
+Result<Gradients> linear_attention_backward_varlen(const AttentionSpec& spec, int heads,
+                                                   std::span<const int> cu_seqlens,
+                                                   std::span<const double> q,
+                                                   std::span<const double> k,
+                                                   std::span<const double> v,
+                                                   std::span<const double> params,
+                                                   std::span<const double> dout);
+
+}  // namespace lunajit::reference

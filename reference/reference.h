@@ -11,4 +11,5 @@
 #include "reference/feature_map.h"
 #include "reference/linear_attention.h"
 #include "reference/quadratic_attention.h"
+#include "reference/recurrent_state.h"
 #include "reference/tensor_layout.h"

@@ -12,8 +12,9 @@
 #include "cache/tuning_db.h"
 #include "codegen/generator.h"
 #include "codegen/gpu_specs.h"
-#include "report/cost_model.h"
+#include "codegen/cost_model.h"
 #include "report/measure.h"
+#include "report/ptx_census.h"
 #include "report/occupancy.h"
 #include "autotune/validation.h"
 #include "runtime/host/host_backend.h"
@@ -129,7 +130,10 @@ json arch_json(const Arch& a, const GpuSpec* gpu, bool gpu_is_device) {
 // Compiles once per (source, arch); the resources of every kernel of a source.
 class ResourceTable {
  public:
-  explicit ResourceTable(BinaryCache* cache) { opts_.cache = cache; }
+  explicit ResourceTable(BinaryCache* cache) {
+    opts_.cache = cache;
+    opts_.emit_ptx = true;  // for the PTX census (report/ptx_census.h)
+  }
   const Result<CompiledKernel>& get(const KernelSource& src, const Arch& arch) {
     const std::string key = src.content_hash() + arch.name();
     auto it = compiled_.find(key);
@@ -257,6 +261,14 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
                                         {"spill_loads", res->spill_loads},
                                         {"stack_bytes", res->stack_bytes}}
                                  : json(nullptr);
+            k["ptx_census"] = nullptr;
+            if (res && compiled) {
+              if (auto ln = compiled->lowered_names.find(entry.name_expression); ln != compiled->lowered_names.end()) {
+                const PtxCensus census = ptx_census(compiled->ptx, ln->second);
+                if (census.found) k["ptx_census"] = census.to_json();
+                else knotes.push_back("no PTX census: the PTX has no entry " + ln->second);
+              }
+            }
             if (res && launch) {
               const Occupancy o = theoretical_occupancy(
                   arch, {int(launch->threads), res->registers, res->smem_bytes, launch->smem_bytes});
@@ -273,21 +285,44 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
               k["occupancy"] = nullptr;
             }
 
-            auto cost = kernel_cost(spec, choice.config, pass, entry.role, shape);
-            std::optional<RooflineTime> predicted;
+            auto cost = kernel_counts(spec, choice.config, pass, entry.role, shape);
+            std::optional<KernelPrediction> predicted;
             if (cost) {
-              k["cost"] = {{"bytes", cost->bytes}, {"flops", cost->flops},
-                           {"arithmetic_intensity", cost->arithmetic_intensity()}};
-              if (product) predicted = roofline_time(*cost, *product);
+              if (launch) {
+                cost->blocks = double(launch->grid[0]) * launch->grid[1] * launch->grid[2];
+                cost->threads = int(launch->threads);
+                cost->dynamic_smem = launch->smem_bytes;
+              }
+              k["cost"] = {{"bytes", cost->bytes},
+                           {"flops", cost->flops},
+                           {"arithmetic_intensity", cost->arithmetic_intensity()},
+                           {"tensor_flops", cost->tc_flops},
+                           {"cuda_core_flops", cost->cuda_flops},
+                           {"shared_wavefronts", cost->smem_wavefronts},
+                           {"sfu_ops", cost->sfu_ops},
+                           {"serial_steps", cost->serial_steps}};
+              if (product && launch)
+                predicted = predict_kernel(*cost, *product, arch,
+                                           res ? std::optional(KernelUsage{res->registers, res->smem_bytes})
+                                               : std::nullopt);
             } else {
               k["cost"] = nullptr;
               knotes.push_back(cost.error().message);
             }
             if (predicted)
-              k["predicted"] = {{"time_ms", predicted->time_ms},
-                                {"memory_time_ms", predicted->memory_ms},
-                                {"compute_time_ms", predicted->compute_ms},
-                                {"bound", predicted->bound}};
+              k["predicted"] = {{"time_ms", predicted->ms},
+                                {"memory_time_ms", predicted->dram_ms},
+                                {"compute_time_ms", std::max({predicted->tensor_ms, predicted->fp32_ms,
+                                                              predicted->shared_ms, predicted->sfu_ms})},
+                                {"bound", predicted->limiter == "dram" ? "memory" : "compute"},
+                                {"limiter", predicted->limiter},
+                                {"roofline_ms", predicted->limb_ms()},
+                                {"tensor_time_ms", predicted->tensor_ms},
+                                {"fp32_time_ms", predicted->fp32_ms},
+                                {"shared_time_ms", predicted->shared_ms},
+                                {"sfu_time_ms", predicted->sfu_ms},
+                                {"serial_time_ms", predicted->serial_ms},
+                                {"efficiency", predicted->efficiency}};
             else
               k["predicted"] = nullptr;
 
@@ -299,7 +334,7 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
                 m["gbps"] = cost->bytes / (ms * 1e-3) / 1e9;
                 m["tflops"] = cost->flops / (ms * 1e-3) / 1e12;
               }
-              if (predicted) m["roofline_fraction"] = predicted->time_ms / ms;
+              if (predicted) m["roofline_fraction"] = predicted->limb_ms() / ms;
               k["measured"] = m;
               any_measured = true;
             } else if (!timing_note.is_null()) {

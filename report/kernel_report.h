@@ -1,11 +1,12 @@
 // Kernel reports (docs/ARCHITECTURE.md "report/"): for a spec, a set of problem
 // shapes and a set of archs, one row per kernel of every pass the generator
 // accepts (feature map, forward, backward) with its resources (NVRTC/ptxas),
-// theoretical occupancy (report/occupancy.h), bytes and FLOPs
-// (report/cost_model.h), the roofline time on the arch's representative GPU
-// (codegen/gpu_specs.h), the tile config and how it was chosen; on a GPU of
+// theoretical occupancy (codegen/occupancy.h), its PTX instruction census
+// (report/ptx_census.h), the cost model's counts and predicted time with its
+// limiting resource on the arch's representative GPU (codegen/cost_model.h,
+// codegen/gpu_specs.h), the tile config and how it was chosen; on a GPU of
 // one of the archs also the measured time, achieved GB/s and TFLOP/s and the
-// fraction of the roofline.
+// fraction of the roofline (the model's largest limb at peak).
 //
 // The report is a JSON document (schema: docs/report_schema.json, version
 // kReportSchemaVersion); the Markdown and HTML renderings (report/render.h) are

@@ -64,7 +64,7 @@ const char* kMethod =
     "including the feature map recomputed per dv block. Predicted time = max(bytes / DRAM bandwidth, FLOPs / FP32 "
     "peak) on the arch's GPU (no tensor cores yet). Occupancy is theoretical: blocks per SM limited by threads, "
     "registers (256 per warp allocation unit, 4 sub-partitions), shared memory (128 B units + 1 KiB reserved per "
-    "block on sm_80+) and the block limit. Formulas: report/cost_model.h, report/occupancy.h.";
+    "block on sm_80+) and the block limit. Formulas: codegen/cost_model.h, codegen/occupancy.h.";
 
 std::vector<std::string> arch_order(const json& r) {
   std::vector<std::string> out;
@@ -322,12 +322,18 @@ const std::vector<TableColumn>& kernel_table_columns() {
       {"blocks/SM", "/occupancy/blocks_per_sm", true},
       {"limited by", "/occupancy/limited_by", false},
       {"occupancy", "/occupancy/fraction", true},
+      {"PTX mma", "/ptx_census/mma", true},
+      {"PTX fma", "/ptx_census/fma", true},
+      {"PTX ld.shared", "/ptx_census/ld_shared", true},
+      {"PTX ld.global", "/ptx_census/ld_global", true},
+      {"PTX cp.async", "/ptx_census/cp_async", true},
+      {"PTX ldmatrix", "/ptx_census/ldmatrix", true},
       {"bytes", "/cost/bytes", true},
       {"FLOPs", "/cost/flops", true},
       {"FLOP/B", "/cost/arithmetic_intensity", true},
       {"GPU", "/gpu", false},
       {"predicted ms", "/predicted/time_ms", true},
-      {"bound", "/predicted/bound", false},
+      {"model limiter", "/predicted/limiter", false},
       {"measured ms", "/measured/time_ms", true},
       {"GB/s", "/measured/gbps", true},
       {"TFLOP/s", "/measured/tflops", true},

@@ -15,22 +15,54 @@
 
 namespace lunajit {
 
+// Carried state of a causal call (docs/MATH.md §1a): device pointers to fp32
+// contiguous S [batch, heads, D, dv] and z [batch, heads, D]; 0 = absent
+// (initial: the zero state; final or gradient outputs: not written).
+struct StateRefs {
+  DevicePtr initial_S = 0, initial_z = 0;
+  DevicePtr final_S = 0, final_z = 0;
+};
+struct StateGradRefs {
+  DevicePtr initial_S = 0, initial_z = 0;    // the forward's initial state
+  DevicePtr dfinal_S = 0, dfinal_z = 0;      // upstream gradient of the final state
+  DevicePtr dinitial_S = 0, dinitial_z = 0;  // gradient of the initial state (written)
+};
+
 class AttentionRunner {
  public:
   // Generates the pass's source and loads it on `backend` (compiling through the cache).
   static Result<AttentionRunner> create(Backend& backend, const AttentionSpec& spec, const TileConfig& config,
                                         Pass pass);
 
-  // o = linear_attention(q, k, v) (Pass::forward).
+  // The decoding kernel of spec (codegen/decode_source.h); use decode() on it.
+  static Result<AttentionRunner> create_decode(Backend& backend, const AttentionSpec& spec, const TileConfig& config);
+
+  // o = linear_attention(q, k, v) (Pass::forward); `state` (causal specs only,
+  // not performer or cosformer) seeds the scan and receives its final state.
+  //
+  // Packed variable-length batch (docs/MATH.md §3): cu_seqlens, when not 0, is a
+  // device pointer to int32 [shape.batch + 1] offsets (0 = cu[0] <= ... <=
+  // cu[batch] = total tokens; the caller validates them) into tensors packed as
+  // [1, total, heads, dim]; shape.batch is then the number of sequences and
+  // shape.seq the longest length (grid and workspace). Tokens of one sequence
+  // never see another's. With cu_seqlens, a state is per sequence
+  // ([shape.batch, heads, ...]); the binding does not offer that combination yet.
   Status forward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                 const MutableTensorRef& o, DevicePtr params);
+                 const MutableTensorRef& o, DevicePtr params, const StateRefs& state = {},
+                 DevicePtr cu_seqlens = 0);
+
+  // One decoding step (a create_decode runner): q, k, v, o one token per
+  // sequence (shape.seq must be 1); state_S, state_z updated in place.
+  Status decode(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                const MutableTensorRef& o, DevicePtr params, DevicePtr state_S, DevicePtr state_z);
 
   // dq, dk, dv and dparams from dout (Pass::backward); o is the forward's output.
   // dparams [param blocks, per-head floats] fp32 is overwritten when the family
   // learns parameters and left untouched otherwise (its gradient is zero).
   Status backward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                   const TensorRef& o, const TensorRef& dout, const MutableTensorRef& dq, const MutableTensorRef& dk,
-                  const MutableTensorRef& dv, DevicePtr params, DevicePtr dparams);
+                  const MutableTensorRef& dv, DevicePtr params, DevicePtr dparams, const StateGradRefs& state = {},
+                  DevicePtr cu_seqlens = 0);
 
   // phi = feature_map(x) as fp32 [batch, seq, heads, D] contiguous (Pass::feature_map).
   Status feature_map(const ProblemShape& shape, const TensorRef& x, DevicePtr phi, DevicePtr params, bool is_query);

@@ -10,8 +10,9 @@ packages=(
   libboost-context-dev libxxhash-dev
   llvm-19-dev libclang-19-dev libclang-cpp19-dev clang-19 libzstd-dev
   libclang-rt-19-dev   # libFuzzer and the sanitizer runtimes of clang-19 (make fuzz-test)
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread zlib1g-dev
   libgloo-dev   # the headers of c10d's ProcessGroupGloo (lunajit_torch_dist: sequence and data parallelism)
+  dataset-fashion-mnist   # lunajit-experiment's fmnist-seq and fmnist-vit tasks (IDX files)
   python3-torch python3-pytest python3-setuptools python3-pip   # the Python package and its tests (same torch as libtorch-dev)
   chromium python3-jsonschema libpng-dev   # report tests: headless render, schema check, PNG decode
 )

@@ -343,6 +343,56 @@ torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return linear_attention_from_features(phi_q, phi_k, v, spec.causal, spec.normalize, spec.eps, chunk);
 }
 
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> linear_attention_with_state(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v_in, const torch::Tensor& params,
+    const AttentionSpec& spec, const torch::Tensor& initial_S, const torch::Tensor& initial_z, int64_t chunk) {
+  const Tensor pq = feature_map(q, params, spec, FeatureRole::query).permute({0, 2, 1, 3});  // (B, H, N, D)
+  const Tensor pk = feature_map(k, params, spec, FeatureRole::key).permute({0, 2, 1, 3});
+  const Tensor v = v_in.to(pq.scalar_type()).permute({0, 2, 1, 3});  // (B, H, N, dv)
+  const int64_t B = pq.size(0), H = pq.size(1), N = pq.size(2), D = pq.size(3), dv = v.size(3);
+  const Tensor S0 = initial_S.defined() ? initial_S.to(pq.scalar_type()) : torch::zeros({B, H, D, dv}, pq.options());
+  const Tensor z0 = initial_z.defined() ? initial_z.to(pq.scalar_type()) : torch::zeros({B, H, D}, pq.options());
+  const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
+  const int64_t nc = (N + C - 1) / C, pad = nc * C - N;
+  auto chunks = [&](const Tensor& t) {
+    const Tensor padded = pad ? torch::constant_pad_nd(t, {0, 0, 0, pad}) : t;
+    return padded.reshape({B, H, nc, C, t.size(3)});
+  };
+  const Tensor qc = chunks(pq), kc = chunks(pk), vc = chunks(v);              // (B, H, nc, C, *)
+  const Tensor A = lower_triangle(torch::matmul(qc, kc.transpose(-1, -2)));  // (B, H, nc, C, C)
+  const Tensor kv = torch::matmul(kc.transpose(-1, -2), vc);                  // (B, H, nc, D, dv)
+  const Tensor kz = kc.sum(3);                                                // (B, H, nc, D)
+  // S_<c = S0 + the exclusive prefix of the chunk states (MATH.md §1a).
+  auto exclusive = [&](const Tensor& t, const Tensor& start) {
+    const Tensor first = start.unsqueeze(2);
+    if (nc == 1) return first;
+    return torch::cat({first, start.unsqueeze(2) + t.cumsum(2).narrow(2, 0, nc - 1)}, 2);
+  };
+  Tensor num = torch::matmul(A, vc) + torch::matmul(qc, exclusive(kv, S0));  // (B, H, nc, C, dv)
+  if (spec.normalize) {
+    const Tensor den = A.sum(-1, true) + torch::matmul(qc, exclusive(kz, z0).unsqueeze(-1)) + spec.eps;
+    num = num / den;
+  }
+  const Tensor o = num.reshape({B, H, nc * C, dv}).narrow(2, 0, N).permute({0, 2, 1, 3});
+  return {o, S0 + kv.sum(2), z0 + kz.sum(2)};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> linear_attention_step(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v_in, const torch::Tensor& params,
+    const AttentionSpec& spec, const torch::Tensor& S_in, const torch::Tensor& z_in) {
+  const Tensor pq = feature_map(q, params, spec, FeatureRole::query).select(1, 0);  // (B, H, D)
+  const Tensor pk = feature_map(k, params, spec, FeatureRole::key).select(1, 0);
+  const Tensor v = v_in.to(pq.scalar_type()).select(1, 0);  // (B, H, dv)
+  const int64_t B = pq.size(0), H = pq.size(1), D = pq.size(2), dv = v.size(2);
+  const Tensor S0 = S_in.defined() ? S_in.to(pq.scalar_type()) : torch::zeros({B, H, D, dv}, pq.options());
+  const Tensor z0 = z_in.defined() ? z_in.to(pq.scalar_type()) : torch::zeros({B, H, D}, pq.options());
+  const Tensor S = S0 + pk.unsqueeze(-1) * v.unsqueeze(-2);  // (B, H, D, dv)
+  const Tensor z = z0 + pk;
+  Tensor o = torch::matmul(pq.unsqueeze(-2), S).squeeze(-2);  // (B, H, dv)
+  if (spec.normalize) o = o / ((pq * z).sum(-1, true) + spec.eps);
+  return {o.unsqueeze(1), S, z};
+}
+
 torch::Tensor linear_attention_weights(const torch::Tensor& phi_q, const torch::Tensor& phi_k, bool causal,
                                        bool normalize, double eps) {
   Tensor A = torch::matmul(phi_q.permute({0, 2, 1, 3}), phi_k.permute({0, 2, 3, 1}));  // (B, H, N, N)

@@ -72,6 +72,23 @@ torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                const torch::Tensor& params, const AttentionSpec& spec, int64_t chunk = 64,
                                const torch::Tensor& key_mask = {});
 
+// Causal linear attention carrying state (docs/MATH.md §1a): the chunked
+// causal form started from (S0 [batch, heads, D, dv], z0 [batch, heads, D];
+// undefined = zero), returning {o [batch, seq, heads, dv], S_T, z_T}, all
+// differentiable (S0, z0 included) by ATen's autograd. No input checks (the op
+// makes them: causal, not performer or cosformer). In the compute dtype.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> linear_attention_with_state(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& params,
+    const AttentionSpec& spec, const torch::Tensor& initial_S, const torch::Tensor& initial_z, int64_t chunk = 64);
+
+// One decoding step (MATH.md §3): q, k [batch, 1, heads, d], v [batch, 1,
+// heads, dv] against (S, z) (undefined = zero): S' = S + phi(k) v^T,
+// z' = z + phi(k), o = phi(q)^T S' / (phi(q)^T z' + eps). Returns {o [batch,
+// 1, heads, dv], S', z'}; functional and differentiable.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> linear_attention_step(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& params,
+    const AttentionSpec& spec, const torch::Tensor& S, const torch::Tensor& z);
+
 // The attention weights [batch, heads, seq, seq] linear attention applies
 // (reference::linear_attention_head_weights): <phi_q_i, phi_k_j>, divided by the
 // row sum + eps when normalized, zero above the diagonal when causal. O(n^2):

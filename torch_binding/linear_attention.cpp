@@ -26,6 +26,7 @@
 #include "cache/binary_cache.h"
 #include "cache/tuning_db.h"
 #include "codegen/feature_params.h"
+#include "reference/recurrent_state.h"
 #include "runtime/attention_runner.h"
 #include "runtime/host/host_backend.h"
 
@@ -177,19 +178,32 @@ void run_on(const KernelTarget& target, AttentionPath path, const Tensor& q, Lau
 #endif
 }
 
+// A packed variable-length batch as the kernels see it (ForwardArgs::cu_seqlens):
+// the offsets on the tensors' device, and the problem shape (sequences, heads,
+// longest length). Undefined cu: the equal-length batch of q.
+struct Varlen {
+  Tensor cu;           // int32 [num_seqs + 1], contiguous, on q's device; undefined: none
+  int64_t max_len = 0;
+};
+
+ProblemShape kernel_shape(const Tensor& q, const Varlen& vl) {
+  if (!vl.cu.defined()) return problem_shape(q);
+  return {static_cast<int>(vl.cu.numel() - 1), static_cast<int>(q.size(2)), static_cast<int>(vl.max_len)};
+}
+
 // o = the forward kernels on q, k, v (already checked: spec dtype, unit stride in
 // dim, the target's device).
 Tensor forward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
-                       const AttentionSpec& spec, const LinearAttentionOptions& opts) {
+                       const AttentionSpec& spec, const LinearAttentionOptions& opts, const Varlen& vl = {}) {
   const KernelTarget target = kernel_target(path, q);
-  RunnerSlot& slot =
-      runner_slot(*target.backend, target.device_key, spec,
-                  kernel_config(target, spec, opts, Pass::forward, problem_shape(q)), Pass::forward);
+  const ProblemShape shape = kernel_shape(q, vl);
+  RunnerSlot& slot = runner_slot(*target.backend, target.device_key, spec,
+                                 kernel_config(target, spec, opts, Pass::forward, shape), Pass::forward);
   Tensor o = torch::empty({q.size(0), q.size(1), q.size(2), spec.value_dim}, q.options());
   run_on(target, path, q, [&] {
     std::lock_guard lock(slot.mutex);
-    return slot.runner->forward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
-                                device_ptr(params));
+    return slot.runner->forward(shape, tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
+                                device_ptr(params), StateRefs{}, vl.cu.defined() ? device_ptr(vl.cu) : DevicePtr(0));
   });
   return o;
 }
@@ -198,22 +212,42 @@ Tensor forward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, con
 // fp32 shaped like params; zero for fixed tensors and parameter-free families.
 variable_list backward_kernels(AttentionPath path, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                const Tensor& params, const Tensor& dout, const AttentionSpec& spec,
-                               const LinearAttentionOptions& opts) {
+                               const LinearAttentionOptions& opts, const Varlen& vl = {}) {
   const KernelTarget target = kernel_target(path, q);
-  RunnerSlot& slot =
-      runner_slot(*target.backend, target.device_key, spec,
-                  kernel_config(target, spec, opts, Pass::backward, problem_shape(q)), Pass::backward);
+  const ProblemShape shape = kernel_shape(q, vl);
+  RunnerSlot& slot = runner_slot(*target.backend, target.device_key, spec,
+                                 kernel_config(target, spec, opts, Pass::backward, shape), Pass::backward);
   Tensor dq = torch::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, q.options());
   Tensor dk = torch::empty({k.size(0), k.size(1), k.size(2), k.size(3)}, k.options());
   Tensor dv = torch::empty({v.size(0), v.size(1), v.size(2), v.size(3)}, v.options());
   Tensor dparams = torch::zeros_like(params, torch::MemoryFormat::Contiguous);
   run_on(target, path, q, [&] {
     std::lock_guard lock(slot.mutex);
-    return slot.runner->backward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), tensor_ref(o),
+    return slot.runner->backward(shape, tensor_ref(q), tensor_ref(k), tensor_ref(v), tensor_ref(o),
                                  tensor_ref(dout), mutable_ref(dq), mutable_ref(dk), mutable_ref(dv),
-                                 device_ptr(params), device_ptr(dparams));
+                                 device_ptr(params), device_ptr(dparams), StateGradRefs{},
+                                 vl.cu.defined() ? device_ptr(vl.cu) : DevicePtr(0));
   });
   return {dq, dk, dv, dparams};
+}
+
+// The ATen path on a packed batch: each non-empty sequence alone, concatenated
+// along the tokens (cu: the host offsets, validated).
+Tensor aten_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params, const AttentionSpec& spec,
+                   int64_t chunk, const std::vector<int64_t>& cu) {
+  std::vector<Tensor> parts;
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    const int64_t len = cu[s + 1] - cu[s];
+    if (len == 0) continue;
+    parts.push_back(aten::linear_attention(q.narrow(1, cu[s], len), k.narrow(1, cu[s], len), v.narrow(1, cu[s], len),
+                                           params, spec, chunk));
+  }
+  return parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
+}
+
+std::vector<int64_t> host_offsets(const Tensor& cu) {
+  const Tensor c = cu.to(torch::kCPU, torch::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
 // ---- gradients -------------------------------------------------------------
@@ -223,7 +257,7 @@ variable_list backward_kernels(AttentionPath path, const Tensor& q, const Tensor
 // rounding order. Used when options.kernel_backward is false.
 variable_list aten_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
                             const AttentionSpec& spec, const Tensor& grad_out, int64_t chunk,
-                            const std::array<bool, 4>& needs) {
+                            const std::array<bool, 4>& needs, const Tensor& cu_seqlens = {}) {
   torch::AutoGradMode enable(true);
   const Tensor in[4] = {q, k, v, params};
   Tensor leaf[4];
@@ -234,7 +268,10 @@ variable_list aten_backward(const Tensor& q, const Tensor& k, const Tensor& v, c
   }
   variable_list out(4);
   if (wrt.empty()) return out;
-  const Tensor o = aten::linear_attention(leaf[0], leaf[1], leaf[2], leaf[3], spec, chunk).to(q.scalar_type());
+  const Tensor o = (cu_seqlens.defined()
+                        ? aten_varlen(leaf[0], leaf[1], leaf[2], leaf[3], spec, chunk, host_offsets(cu_seqlens))
+                        : aten::linear_attention(leaf[0], leaf[1], leaf[2], leaf[3], spec, chunk))
+                       .to(q.scalar_type());
   const variable_list g = torch::autograd::grad({o}, wrt, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
                                                 /*allow_unused=*/true);
   size_t j = 0;
@@ -249,8 +286,12 @@ variable_list aten_backward(const Tensor& q, const Tensor& k, const Tensor& v, c
 class KernelLinearAttention : public torch::autograd::Function<KernelLinearAttention> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
-                        const AttentionSpec& spec, const LinearAttentionOptions& opts, AttentionPath path) {
-    Tensor o = forward_kernels(path, q, k, v, params, spec, opts);
+                        const AttentionSpec& spec, const LinearAttentionOptions& opts, AttentionPath path,
+                        int64_t max_len) {
+    const Varlen vl{opts.cu_seqlens, max_len};
+    Tensor o = forward_kernels(path, q, k, v, params, spec, opts, vl);
+    ctx->saved_data["cu_seqlens"] = opts.cu_seqlens.defined() ? opts.cu_seqlens : Tensor();
+    ctx->saved_data["max_len"] = max_len;
     ctx->save_for_backward({q, k, v, params, o});
     ctx->saved_data["spec"] = canonical_json(spec);
     ctx->saved_data["chunk"] = opts.chunk;
@@ -267,23 +308,174 @@ class KernelLinearAttention : public torch::autograd::Function<KernelLinearAtten
     const Tensor grad = grad_outputs[0].contiguous();
     const std::array<bool, 4> needs{ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2),
                                     ctx->needs_input_grad(3)};
+    const c10::IValue& cu_saved = ctx->saved_data["cu_seqlens"];
+    const Tensor cu_seqlens = cu_saved.isTensor() ? cu_saved.toTensor() : Tensor();
     variable_list grads;
     if (ctx->saved_data["kernel_backward"].toBool()) {
       LinearAttentionOptions opts;
       if (const std::string& c = ctx->saved_data["config"].toStringRef(); !c.empty())
         opts.config = tile_config_from_string(c, TileConfig()).value_or_throw();
-      grads = backward_kernels(path, saved[0], saved[1], saved[2], saved[4], saved[3], grad, spec, opts);
+      const Varlen vl{cu_seqlens, ctx->saved_data["max_len"].toInt()};
+      grads = backward_kernels(path, saved[0], saved[1], saved[2], saved[4], saved[3], grad, spec, opts, vl);
       for (int i = 0; i < 4; ++i)
         if (!needs[i]) grads[i] = Tensor();
       if (grads[3].defined()) grads[3] = grads[3].to(saved[3].scalar_type());
     } else {
       grads = aten_backward(saved[0], saved[1], saved[2], saved[3], spec, grad, ctx->saved_data["chunk"].toInt(),
-                            needs);
+                            needs, cu_seqlens);
     }
-    grads.resize(7);  // spec, options and path get no gradient
+    grads.resize(8);  // spec, options, path and max_len get no gradient
     return grads;
   }
 };
+
+// ---- carried state and decoding (docs/MATH.md §1a, §3) ----------------------
+
+DevicePtr ptr_or_null(const Tensor& t) { return t.defined() && t.numel() ? device_ptr(t) : DevicePtr(0); }
+
+// Causal kernels with state: forward returns {o, S_T, z_T}; backward feeds the
+// final state's gradient into the reverse scan and returns the initial state's.
+// Absent initial state: empty tensors (numel 0), which the kernels read as zero.
+class KernelStatefulAttention : public torch::autograd::Function<KernelStatefulAttention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& params, const Tensor& S0, const Tensor& z0, const AttentionSpec& spec,
+                               const LinearAttentionOptions& opts, AttentionPath path) {
+    const KernelTarget target = kernel_target(path, q);
+    RunnerSlot& slot = runner_slot(*target.backend, target.device_key, spec,
+                                   kernel_config(target, spec, opts, Pass::forward, problem_shape(q)), Pass::forward);
+    Tensor o = torch::empty({q.size(0), q.size(1), q.size(2), spec.value_dim}, q.options());
+    const auto fopts = q.options().dtype(torch::kFloat);
+    Tensor S = torch::empty({q.size(0), q.size(2), spec.feature_dim(), spec.value_dim}, fopts);
+    Tensor z = torch::empty({q.size(0), q.size(2), spec.feature_dim()}, fopts);
+    run_on(target, path, q, [&] {
+      std::lock_guard lock(slot.mutex);
+      return slot.runner->forward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
+                                  device_ptr(params),
+                                  StateRefs{ptr_or_null(S0), ptr_or_null(z0), device_ptr(S), device_ptr(z)});
+    });
+    ctx->save_for_backward({q, k, v, params, o, S0, z0});
+    ctx->saved_data["spec"] = canonical_json(spec);
+    ctx->saved_data["chunk"] = opts.chunk;
+    ctx->saved_data["path"] = static_cast<int64_t>(path);
+    ctx->saved_data["kernel_backward"] = opts.kernel_backward;
+    ctx->saved_data["config"] = opts.config ? opts.config->to_json().dump() : std::string();
+    return {o, S, z};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const AttentionSpec spec = spec_from_string(ctx->saved_data["spec"].toStringRef()).value_or_throw();
+    const auto path = static_cast<AttentionPath>(ctx->saved_data["path"].toInt());
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &params = saved[3], &o = saved[4], &S0 = saved[5],
+                 &z0 = saved[6];
+    const Tensor dout = grad_outputs[0].defined() ? grad_outputs[0].contiguous() : torch::zeros_like(o);
+    const Tensor dS = grad_outputs[1].defined() ? grad_outputs[1].to(torch::kFloat).contiguous() : Tensor();
+    const Tensor dz = grad_outputs[2].defined() ? grad_outputs[2].to(torch::kFloat).contiguous() : Tensor();
+    variable_list grads(9);
+    if (!ctx->saved_data["kernel_backward"].toBool()) {
+      // Recompute with ATen and differentiate (any device).
+      torch::AutoGradMode enable(true);
+      const Tensor in[6] = {q, k, v, params, S0, z0};
+      Tensor leaf[6];
+      std::vector<Tensor> wrt;
+      for (int i = 0; i < 6; ++i) {
+        leaf[i] = in[i].detach().requires_grad_(ctx->needs_input_grad(i) && in[i].numel() > 0);
+        if (leaf[i].requires_grad()) wrt.push_back(leaf[i]);
+      }
+      if (wrt.empty()) return grads;
+      auto [ao, aS, az] = aten::linear_attention_with_state(leaf[0], leaf[1], leaf[2], leaf[3], spec,
+                                                             S0.numel() ? leaf[4] : Tensor(),
+                                                             z0.numel() ? leaf[5] : Tensor(),
+                                                             ctx->saved_data["chunk"].toInt());
+      std::vector<Tensor> outs{ao.to(q.scalar_type())}, gouts{dout};
+      if (dS.defined()) outs.push_back(aS), gouts.push_back(dS.to(aS.scalar_type()));
+      if (dz.defined()) outs.push_back(az), gouts.push_back(dz.to(az.scalar_type()));
+      const variable_list g = torch::autograd::grad(outs, wrt, gouts, false, false, /*allow_unused=*/true);
+      size_t j = 0;
+      for (int i = 0; i < 6; ++i)
+        if (leaf[i].requires_grad()) {
+          grads[i] = g[j++];
+          if (!grads[i].defined()) grads[i] = torch::zeros_like(in[i]);
+        }
+      return grads;
+    }
+    LinearAttentionOptions opts;
+    if (const std::string& c = ctx->saved_data["config"].toStringRef(); !c.empty())
+      opts.config = tile_config_from_string(c, TileConfig()).value_or_throw();
+    const KernelTarget target = kernel_target(path, q);
+    RunnerSlot& slot = runner_slot(*target.backend, target.device_key, spec,
+                                   kernel_config(target, spec, opts, Pass::backward, problem_shape(q)), Pass::backward);
+    Tensor dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    Tensor dparams = torch::zeros({params.numel()}, params.options().dtype(torch::kFloat));
+    Tensor dS0, dz0;
+    if (S0.numel()) dS0 = torch::empty_like(S0);
+    if (z0.numel()) dz0 = torch::empty_like(z0);
+    run_on(target, path, q, [&] {
+      std::lock_guard lock(slot.mutex);
+      return slot.runner->backward(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), tensor_ref(o),
+                                   tensor_ref(dout), mutable_ref(dq), mutable_ref(dk), mutable_ref(dv),
+                                   device_ptr(params), device_ptr(dparams),
+                                   StateGradRefs{ptr_or_null(S0), ptr_or_null(z0), ptr_or_null(dS), ptr_or_null(dz),
+                                                 ptr_or_null(dS0), ptr_or_null(dz0)});
+    });
+    grads[0] = dq;
+    grads[1] = dk;
+    grads[2] = dv;
+    grads[3] = params.numel() ? dparams.to(params.scalar_type()) : Tensor();
+    grads[4] = dS0;
+    grads[5] = dz0;
+    for (int i = 0; i < 6; ++i)
+      if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
+    return grads;
+  }
+};
+
+// The decode runner of (backend, spec, config), created on first use.
+RunnerSlot& decode_runner_slot(Backend& backend, const std::string& device_key, const AttentionSpec& spec,
+                               const TileConfig& config) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<RunnerSlot>> slots;
+  const std::string key = device_key + "|" + canonical_json(spec) + "|" + config.to_string();
+  std::lock_guard lock(mutex);
+  auto& slot = slots[key];
+  if (!slot) {
+    auto runner = AttentionRunner::create_decode(backend, spec, config);
+    TORCH_CHECK(runner.ok(), "linear_attention_step: could not build the decode kernel for ", device_key, ": ",
+                runner.error().message);
+    auto s = std::make_unique<RunnerSlot>();
+    s->runner = std::make_unique<AttentionRunner>(std::move(runner).value());
+    slot = std::move(s);
+  }
+  return *slot;
+}
+
+// Spec support and the state tensors' checks, naming `what` (the argument).
+void check_state(const char* fn, const char* what, const LinearAttentionState& st, const AttentionSpec& spec,
+                 const Tensor& q, bool kernels) {
+  if (!st.defined()) return;
+  TORCH_CHECK(st.S.defined() && st.z.defined(), fn, ": ", what, " needs both S and z (or neither), got ",
+              st.S.defined() ? "S only" : "z only");
+  const int64_t B = q.size(0), H = q.size(2), D = spec.feature_dim(), dv = spec.value_dim;
+  TORCH_CHECK(st.S.dim() == 4 && st.S.size(0) == B && st.S.size(1) == H && st.S.size(2) == D && st.S.size(3) == dv,
+              fn, ": ", what, ".S must be [batch, heads, D, dv] = [", B, ", ", H, ", ", D, ", ", dv, "], got ",
+              shape_string(st.S));
+  TORCH_CHECK(st.z.dim() == 3 && st.z.size(0) == B && st.z.size(1) == H && st.z.size(2) == D, fn, ": ", what,
+              ".z must be [batch, heads, D] = [", B, ", ", H, ", ", D, "], got ", shape_string(st.z));
+  for (const Tensor* t : {&st.S, &st.z}) {
+    const char* name = t == &st.S ? ".S" : ".z";
+    TORCH_CHECK(t->device() == q.device(), fn, ": ", what, name, " is on ", t->device(), " but q is on ", q.device());
+    const bool fp64_ok = !kernels && q.scalar_type() == torch::kDouble;
+    TORCH_CHECK(t->scalar_type() == torch::kFloat || (fp64_ok && t->scalar_type() == torch::kDouble), fn, ": ", what,
+                name, " must be float32", fp64_ok ? " or float64" : "", " (the state is kept in fp32), got ",
+                t->scalar_type());
+  }
+}
+
+void check_state_spec(const char* fn, const char* field, const AttentionSpec& spec) {
+  const Status st = reference::check_state_support(spec, field);
+  TORCH_CHECK(st.ok(), fn, ": ", st.ok() ? std::string() : st.error().message);
+}
 
 }  // namespace
 
@@ -371,15 +563,9 @@ void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
                 shape_string(key_mask));
     TORCH_CHECK(key_mask.device() == q.device(), "linear_attention: key_mask is on ", key_mask.device(),
                 " but q is on ", q.device());
-    TORCH_CHECK(!kernels, "linear_attention: key_mask is supported on path aten only (the kernels have no "
-                "variable-length support yet), got path ", std::string(to_string(path)),
-                "; use path aten or automatic");
-    TORCH_CHECK(spec.family != Family::cosformer, "linear_attention: key_mask is not supported for family cosformer "
-                "(its features depend on positions and the sequence length, so a padded batch would not equal "
-                "per-sequence calls); call it per sequence length");
-    TORCH_CHECK(!(spec.causal && spec.family == Family::performer), "linear_attention: key_mask is not supported "
-                "for causal performer (its running key stabiliser has no masked form yet); with right padding a "
-                "causal query never sees the pad keys after it, so no mask is needed");
+    // Kernel paths, cosformer and causal performer serve key_mask by packing
+    // (linear_attention), which needs seq_q == seq_k: checked above for kernel
+    // paths, causal specs and cosformer.
   }
   if (path == AttentionPath::host_kernels)
     TORCH_CHECK(q.device().is_cpu(), "linear_attention: path host_kernels needs CPU tensors, q is on ", q.device());
@@ -420,6 +606,27 @@ void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
   }
 }
 
+std::vector<int64_t> check_cu_seqlens(const Tensor& cu, const Tensor& q, const Tensor& k, const Tensor& v) {
+  TORCH_CHECK(cu.scalar_type() == torch::kInt, "linear_attention: cu_seqlens must be int32 (fla's convention), got ",
+              cu.scalar_type());
+  TORCH_CHECK(cu.dim() == 1, "linear_attention: cu_seqlens must be 1-D [num_seqs + 1], got shape ", shape_string(cu));
+  TORCH_CHECK(cu.numel() >= 2, "linear_attention: cu_seqlens must hold num_seqs + 1 >= 2 offsets, got ", cu.numel());
+  TORCH_CHECK(cu.device() == q.device(), "linear_attention: cu_seqlens is on ", cu.device(), " but q is on ",
+              q.device());
+  TORCH_CHECK(q.size(0) == 1, "linear_attention: with cu_seqlens, q, k and v must be packed as [1, total_tokens, "
+              "heads, dim], got q of batch ", q.size(0), " (shape ", shape_string(q), ")");
+  TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "linear_attention: with cu_seqlens, q, k and v must "
+              "have the same tokens, got seq ", q.size(1), ", ", k.size(1), " and ", v.size(1));
+  const std::vector<int64_t> c = host_offsets(cu);
+  TORCH_CHECK(c[0] == 0, "linear_attention: cu_seqlens[0] = ", c[0], ", must be 0");
+  for (size_t i = 1; i < c.size(); ++i)
+    TORCH_CHECK(c[i] >= c[i - 1], "linear_attention: cu_seqlens must be non-decreasing, got cu_seqlens[", i,
+                "] = ", c[i], " < cu_seqlens[", i - 1, "] = ", c[i - 1]);
+  TORCH_CHECK(c.back() == q.size(1), "linear_attention: cu_seqlens[", c.size() - 1, "] = ", c.back(),
+              ", must equal the total tokens q.size(1) = ", q.size(1));
+  return c;
+}
+
 Tensor repeat_kv_heads(const Tensor& t, int64_t heads) {
   const int64_t g = heads / t.size(2);
   return g == 1 ? t : t.repeat_interleave(g, 2);
@@ -428,18 +635,54 @@ Tensor repeat_kv_heads(const Tensor& t, int64_t heads) {
 Tensor linear_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_in, const Tensor& feature_params,
                         const AttentionSpec& spec, const LinearAttentionOptions& options) {
   AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
-  // What the kernels do not run (key_mask, seq_k != seq_q) takes the ATen path when the caller left the choice.
+  // What the kernels do not run (seq_k != seq_q) takes the ATen path when the caller left the choice.
   const bool cross = q.defined() && k_in.defined() && q.dim() == 4 && k_in.dim() == 4 && q.size(1) != k_in.size(1);
-  if (options.path == AttentionPath::automatic && (options.key_mask.defined() || cross)) path = AttentionPath::aten;
+  if (options.path == AttentionPath::automatic && cross) path = AttentionPath::aten;
   check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite, options.key_mask);
   TORCH_CHECK(options.chunk >= 1, "linear_attention: options.chunk must be >= 1, got ", options.chunk);
+  const bool kernels = path == AttentionPath::host_kernels || path == AttentionPath::cuda_kernels;
+  if (options.key_mask.defined()) {
+    TORCH_CHECK(!options.cu_seqlens.defined(), "linear_attention: give key_mask or cu_seqlens, not both (a packed "
+                "batch has no padding)");
+    const bool position_dependent = spec.family == Family::cosformer || (spec.causal && spec.family == Family::performer);
+    if (!cross && (kernels || position_dependent)) {
+      // Pack the real tokens of each row into one sequence of a packed batch.
+      const Tensor& mask = options.key_mask;
+      const int64_t B = q.size(0), N = q.size(1), H = q.size(2);
+      const Tensor idx = mask.reshape({-1}).nonzero().squeeze(1);
+      Tensor cu = torch::zeros({B + 1}, mask.options().dtype(torch::kInt));
+      cu.narrow(0, 1, B).copy_(mask.sum(1).cumsum(0));
+      const int64_t total = idx.numel();
+      const auto out_options = q.options();
+      if (total == 0) return torch::zeros({B, N, H, spec.value_dim}, out_options);
+      auto pack = [&](const Tensor& t) { return t.reshape({B * N, t.size(2), t.size(3)}).index_select(0, idx).unsqueeze(0); };
+      LinearAttentionOptions packed = options;
+      packed.key_mask = Tensor();
+      packed.cu_seqlens = cu;
+      const Tensor o = linear_attention(pack(q), pack(k_in), pack(v_in), feature_params, spec, packed);
+      return torch::zeros({B * N, H, spec.value_dim}, o.options()).index_copy(0, idx, o.squeeze(0)).reshape(
+          {B, N, H, spec.value_dim});
+    }
+  }
+  std::vector<int64_t> cu_host;
+  int64_t max_len = 0;
+  if (options.cu_seqlens.defined()) {
+    cu_host = check_cu_seqlens(options.cu_seqlens, q, k_in, v_in);
+    for (size_t s = 0; s + 1 < cu_host.size(); ++s) max_len = std::max(max_len, cu_host[s + 1] - cu_host[s]);
+  }
   const Tensor k = repeat_kv_heads(k_in, q.size(2)), v = repeat_kv_heads(v_in, q.size(2));
   if (path == AttentionPath::aten) {
     const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options());
+    if (options.cu_seqlens.defined()) return aten_varlen(q, k, v, params, spec, options.chunk, cu_host).to(q.scalar_type());
     return aten::linear_attention(q, k, v, params, spec, options.chunk, options.key_mask).to(q.scalar_type());
   }
   const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
-  return KernelLinearAttention::apply(q, k, v, params, spec, options, path);
+  if (options.cu_seqlens.defined()) {
+    LinearAttentionOptions o = options;
+    o.cu_seqlens = options.cu_seqlens.contiguous();
+    return KernelLinearAttention::apply(q, k, v, params, spec, o, path, max_len);
+  }
+  return KernelLinearAttention::apply(q, k, v, params, spec, options, path, int64_t(0));
 }
 
 Tensor feature_map(const Tensor& x, const Tensor& feature_params, const AttentionSpec& spec, aten::FeatureRole role) {
@@ -454,6 +697,89 @@ Tensor feature_map(const Tensor& x, const Tensor& feature_params, const Attentio
 Tensor init_feature_params(const AttentionSpec& spec, int64_t heads, uint64_t seed) {
   std::vector<float> p = init_params(spec, static_cast<int>(heads), seed);
   return torch::from_blob(p.data(), {static_cast<int64_t>(p.size())}, torch::kFloat).clone();
+}
+
+LinearAttentionStateOutput linear_attention_with_state(const Tensor& q, const Tensor& k_in, const Tensor& v_in,
+                                                       const Tensor& feature_params, const AttentionSpec& spec,
+                                                       const LinearAttentionState& initial_state,
+                                                       bool output_final_state,
+                                                       const LinearAttentionOptions& options) {
+  const char* fn = "linear_attention_with_state";
+  check_state_spec(fn, initial_state.defined() ? "initial_state" : "output_final_state", spec);
+  TORCH_CHECK(!options.key_mask.defined(), fn, ": key_mask cannot be combined with initial_state / "
+              "output_final_state (not implemented: the kernels have no masked form); pass each sequence's real "
+              "tokens, batch by equal lengths");
+  const AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
+  check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite);
+  TORCH_CHECK(options.chunk >= 1, fn, ": options.chunk must be >= 1, got ", options.chunk);
+  const bool kernels = path != AttentionPath::aten;
+  check_state(fn, "initial_state", initial_state, spec, q, kernels);
+  const Tensor k = repeat_kv_heads(k_in, q.size(2)), v = repeat_kv_heads(v_in, q.size(2));
+  LinearAttentionStateOutput res;
+  if (!kernels) {
+    const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options());
+    auto [o, S, z] = aten::linear_attention_with_state(q, k, v, params, spec, initial_state.S, initial_state.z,
+                                                       options.chunk);
+    res.out = o.to(q.scalar_type());
+    if (output_final_state) res.final_state = {S, z};
+    return res;
+  }
+  const Tensor params =
+      feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
+  const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
+  const variable_list r = KernelStatefulAttention::apply(
+      q, k, v, params, initial_state.defined() ? initial_state.S.contiguous() : empty,
+      initial_state.defined() ? initial_state.z.contiguous() : empty, spec, options, path);
+  res.out = r[0];
+  if (output_final_state) res.final_state = {r[1], r[2]};
+  return res;
+}
+
+LinearAttentionStepOutput linear_attention_step(const Tensor& q, const Tensor& k_in, const Tensor& v_in,
+                                                const Tensor& feature_params, const AttentionSpec& spec,
+                                                const LinearAttentionState& state,
+                                                const LinearAttentionOptions& options) {
+  const char* fn = "linear_attention_step";
+  check_state_spec(fn, "state", spec);
+  const AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
+  check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite);
+  TORCH_CHECK(q.size(1) == 1, fn, ": q, k, v must hold one token per sequence ([batch, 1, heads, dim]), got seq ",
+              q.size(1), " (use linear_attention_with_state for a prompt)");
+  const bool kernels = path != AttentionPath::aten;
+  check_state(fn, "state", state, spec, q, kernels);
+  const Tensor k = repeat_kv_heads(k_in, q.size(2)), v = repeat_kv_heads(v_in, q.size(2));
+  LinearAttentionStepOutput res;
+  if (!kernels) {
+    const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options());
+    auto [o, S, z] = aten::linear_attention_step(q, k, v, params, spec, state.S, state.z);
+    res.out = o.to(q.scalar_type());
+    res.state = {S, z};
+    return res;
+  }
+  if (torch::GradMode::is_enabled())
+    for (const Tensor* t : {&q, &k_in, &v_in, &feature_params, &state.S, &state.z})
+      TORCH_CHECK(!(t->defined() && t->requires_grad()), fn, ": path ", std::string(to_string(path)),
+                  " runs the decode kernel, which has no backward; use path aten for gradients, or torch.no_grad()");
+  const Tensor params =
+      feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
+  const auto fopts = q.options().dtype(torch::kFloat);
+  const int64_t B = q.size(0), H = q.size(2), D = spec.feature_dim(), dv = spec.value_dim;
+  // The kernel updates the state in place: on copies, so the caller's state is unchanged.
+  Tensor S = state.defined() ? state.S.detach().clone(at::MemoryFormat::Contiguous) : torch::zeros({B, H, D, dv}, fopts);
+  Tensor z = state.defined() ? state.z.detach().clone(at::MemoryFormat::Contiguous) : torch::zeros({B, H, D}, fopts);
+  Tensor o = torch::empty({B, 1, H, dv}, q.options());
+  const KernelTarget target = kernel_target(path, q);
+  const TileConfig config = options.config ? *options.config
+                                           : kernel_config(target, spec, options, Pass::forward, problem_shape(q));
+  RunnerSlot& slot = decode_runner_slot(*target.backend, target.device_key, spec, config);
+  run_on(target, path, q, [&] {
+    std::lock_guard lock(slot.mutex);
+    return slot.runner->decode(problem_shape(q), tensor_ref(q), tensor_ref(k), tensor_ref(v), mutable_ref(o),
+                               device_ptr(params), device_ptr(S), device_ptr(z));
+  });
+  res.out = o;
+  res.state = {S, z};
+  return res;
 }
 
 }  // namespace lunajit

@@ -15,7 +15,8 @@
 // copy on every path: no memory saving yet). Cross-attention: seq_k may differ
 // from seq_q when not causal (an error for causal specs and for cosformer,
 // whose features depend on the sequence length); ATen path only.
-// key_mask (options): masked keys contribute nothing; see LinearAttentionOptions.
+// key_mask (options): masked keys contribute nothing; cu_seqlens (options): a
+// packed variable-length batch [1, total, heads, dim]; see LinearAttentionOptions.
 //
 // Strides of batch, seq and heads are arbitrary (slices of a fused QKV projection
 // work without a copy); the last (feature) dim must have unit stride.
@@ -33,12 +34,13 @@
 //                 tensor's device; compiled only when LibTorch has CUDA
 //                 (LUNAJIT_TORCH_CUDA). Same backward choice as host_kernels.
 //   automatic     cuda_kernels for CUDA tensors (when compiled in), else aten;
-//                 aten also for a call the kernels do not support (key_mask,
-//                 seq_k != seq_q).
+//                 aten also for a call the kernels do not support
+//                 (seq_k != seq_q).
 // Kernel paths need the tensors in spec.dtype and fp32 params.
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -71,16 +73,82 @@ struct LinearAttentionOptions {
   // same), so a padded batch equals per-sequence calls on the real tokens, for
   // right or left padding, causal or not (a causal query sees the real keys at
   // or before it). Outputs at pad query positions are computed but meaningless
-  // (0 where a normalized query sees no real key). ATen path only (the kernels
-  // have no variable-length support yet); not for cosformer (position features)
-  // nor causal performer (running key stabiliser).
+  // (0 where a normalized query sees no real key). How it is served: on the
+  // kernel paths, and for cosformer and causal performer on any path, by
+  // packing: the real tokens of each batch row become one sequence of a packed
+  // batch (cu_seqlens below), so each row is exactly a call on its real tokens
+  // (cosformer's positions and N, performer's stabilisers: the real tokens'
+  // own), for any padding pattern; pad query positions get 0. Otherwise (ATen,
+  // other families) by zeroed feature rows as above. Needs seq_q == seq_k
+  // (self-attention) to pack; cross-attention keeps the feature-row form (ATen).
   torch::Tensor key_mask;
+  // Packed variable-length batch (fla's cu_seqlens; docs/MATH.md §3 "Packed
+  // sequences"): int32 1-D [num_seqs + 1] offsets on q's device, 0 = cu[0] <=
+  // cu[1] <= ... <= cu[num_seqs] = total tokens; q, k, v are packed as
+  // [1, total, heads, dim] and sequence s is tokens cu[s] .. cu[s+1]-1. Each
+  // sequence is computed alone (tokens never see another sequence's; cosformer
+  // uses each sequence's own length; causal performer's running stabiliser
+  // restarts per sequence); sequences of length 0 are allowed. Every path,
+  // forward and backward. Not with key_mask, nor with seq_k != seq_q. The
+  // offsets are read on the host (one device-to-host copy on a GPU) to check
+  // them and find the longest sequence.
+  torch::Tensor cu_seqlens;
 };
 
 // The op (see the file comment). Differentiable in q, k, v and feature_params.
 torch::Tensor linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& feature_params, const AttentionSpec& spec,
                                const LinearAttentionOptions& options = {});
+
+// Carried state of causal linear attention (docs/MATH.md §1a; fla's
+// initial_state / final_state): S [batch, heads, D, dv] = sum phi(k_j) v_j^T and
+// z [batch, heads, D] = sum phi(k_j) over the tokens so far, D the spec's
+// feature dim, heads the query heads. fp32 (fp64 allowed on path aten with
+// fp64 inputs), contiguous, on q's device. Both undefined = the zero state.
+struct LinearAttentionState {
+  torch::Tensor S;
+  torch::Tensor z;
+  bool defined() const { return S.defined() || z.defined(); }
+};
+
+struct LinearAttentionStateOutput {
+  torch::Tensor out;                  // [batch, seq, heads, value_dim]
+  LinearAttentionState final_state;   // undefined unless output_final_state
+};
+
+// Causal linear attention from `initial_state` (undefined: zero), returning the
+// final state when `output_final_state`. Chaining calls over consecutive
+// pieces of a sequence, each fed the previous final state, equals one call
+// over the whole (forward and every gradient, to fp32 rounding). Differentiable
+// in q, k, v, feature_params and the initial state; the final state's
+// gradient flows back into all of them. Paths: aten (autograd), host_kernels
+// and cuda_kernels (the causal kernels with the state arguments; backward
+// kernels, or the ATen recomputation with kernel_backward = false). Needs a
+// causal spec, not performer (its running key stabiliser is not part of the
+// state; rejected) nor cosformer (position features); no key_mask, seq_k == seq_q.
+LinearAttentionStateOutput linear_attention_with_state(const torch::Tensor& q, const torch::Tensor& k,
+                                                       const torch::Tensor& v, const torch::Tensor& feature_params,
+                                                       const AttentionSpec& spec,
+                                                       const LinearAttentionState& initial_state,
+                                                       bool output_final_state,
+                                                       const LinearAttentionOptions& options = {});
+
+struct LinearAttentionStepOutput {
+  torch::Tensor out;           // [batch, 1, heads, value_dim]
+  LinearAttentionState state;  // the state after the token
+};
+
+// One decoding step (fla's fused_recurrent with one token): q, k [batch, 1,
+// heads(_kv), head_dim], v [batch, 1, heads(_kv), value_dim] against `state`
+// (undefined: an empty prefix): S += phi(k) v^T, z += phi(k), o = phi(q)^T S /
+// (phi(q)^T z + eps). The input state is not modified. Paths: aten
+// (differentiable), host_kernels / cuda_kernels (the generated decode kernel,
+// codegen/decode_source.h; inference only: an error when an input requires
+// grad under grad mode). Same spec restrictions as linear_attention_with_state.
+LinearAttentionStepOutput linear_attention_step(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v, const torch::Tensor& feature_params,
+                                                const AttentionSpec& spec, const LinearAttentionState& state,
+                                                const LinearAttentionOptions& options = {});
 
 // phi(x) of spec for x [batch, seq, heads, head_dim] -> [batch, seq, heads, D]
 // (ATen, differentiable), with the same input checks as linear_attention.
@@ -100,6 +168,13 @@ torch::Tensor init_feature_params(const AttentionSpec& spec, int64_t heads, uint
 void check_linear_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                    const torch::Tensor& feature_params, const AttentionSpec& spec,
                                    AttentionPath path, bool check_finite, const torch::Tensor& key_mask = {});
+
+// Checks cu_seqlens against q [1, total, heads, head_dim] (int32, 1-D, at least
+// 2 offsets, on q's device, cu[0] = 0, non-decreasing, last = total; q, k, v of
+// batch 1 and one length) and returns the offsets on the host. Each message
+// names the argument and the value.
+std::vector<int64_t> check_cu_seqlens(const torch::Tensor& cu_seqlens, const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v);
 
 // The path `options.path` resolves to for tensors on `device`.
 AttentionPath resolve_path(AttentionPath requested, const torch::Device& device);

@@ -98,12 +98,27 @@ Tensor LinearAttentionImpl::forward(const Tensor& q, const Tensor& k, const Tens
   return linear_attention(q, k, v, p, spec_, o);
 }
 
+LinearAttentionStateOutput LinearAttentionImpl::forward_with_state(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                                   const LinearAttentionState& state) {
+  return linear_attention_with_state(q, k, v, op_params(feature_map->params), spec_, state, true, options_);
+}
+
+LinearAttentionStepOutput LinearAttentionImpl::step(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                    const LinearAttentionState& state) {
+  return linear_attention_step(q, k, v, op_params(feature_map->params), spec_, state, options_);
+}
+
 Tensor LinearAttentionImpl::weights(const Tensor& q, const Tensor& k, const Tensor& key_mask) {
   // The op's checks, with a stand-in v (as lunajit::feature_map does).
   const Tensor v_like = k.new_empty({1, 1, 1, spec_.value_dim}).expand({k.size(0), k.size(1), k.size(2),
                                                                         spec_.value_dim});
   const Tensor p = op_params(feature_map->params);
   check_linear_attention_inputs(q, k, v_like, p, spec_, AttentionPath::aten, false, key_mask);
+  TORCH_CHECK(!key_mask.defined() ||
+                  !(spec_.family == Family::cosformer || (spec_.causal && spec_.family == Family::performer)),
+              "LinearAttention::weights: key_mask is not supported for cosformer and causal performer (their "
+              "features depend on the positions the mask removes; the forward packs instead); call it per "
+              "sequence on the real tokens");
   // (Causal performer maps each query's keys with its own running stabiliser, docs/MATH.md §2.)
   return aten::linear_attention_weights(q, repeat_kv_heads(k, q.size(2)), p.defined() ? p : torch::empty({0}, q.options()),
                                         spec_, key_mask);
@@ -238,6 +253,52 @@ MultiheadLinearAttentionImpl::MultiheadLinearAttentionImpl(const MultiheadOption
               "MultiheadLinearAttention: spec head_dim (", spec.head_dim, ") and value_dim (", spec.value_dim,
               ") must both be embed_dim / num_heads = ", options.embed_dim, " / ", options.num_heads);
   linear_ = LinearAttention(std::static_pointer_cast<LinearAttentionImpl>(core()));
+}
+
+std::tuple<Tensor, IncrementalState> MultiheadLinearAttentionImpl::forward_incremental(const Tensor& x,
+                                                                                      const IncrementalState& state) {
+  const MultiheadOptions& o = options();
+  TORCH_CHECK(linear_->causal(), "MultiheadLinearAttention::forward_incremental: the core is not causal "
+              "(spec.causal = false); incremental generation needs a causal spec");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == o.embed_dim, "MultiheadLinearAttention::forward_incremental: x must be [",
+              o.batch_first ? "batch, seq" : "seq, batch", ", ", o.embed_dim, "], got ", x.sizes());
+  const Tensor xb = o.batch_first ? x : x.transpose(0, 1);  // (B, N, E)
+  const int64_t B = xb.size(0), N = xb.size(1), H = o.num_heads, hd = o.embed_dim / H;
+  const int64_t Hkv = o.num_kv_heads == 0 ? H : o.num_kv_heads;
+  TORCH_CHECK(N >= 1, "MultiheadLinearAttention::forward_incremental: x has no tokens");
+  const Tensor qh = q_proj->forward(xb).reshape({B, N, H, hd});
+  const Tensor kh = k_proj->forward(xb).reshape({B, N, Hkv, hd});
+  const Tensor vp = v_proj->forward(xb);  // (B, N, E)
+  const Tensor vh = vp.reshape({B, N, Hkv, hd});
+  IncrementalState next;
+  next.tokens = state.tokens + N;
+  Tensor attn;
+  if (N == 1) {
+    LinearAttentionStepOutput r = linear_->step(qh, kh, vh, state.attention);
+    attn = r.out;
+    next.attention = r.state;
+  } else {
+    LinearAttentionStateOutput r = linear_->forward_with_state(qh, kh, vh, state.attention);
+    attn = r.out;
+    next.attention = r.final_state;
+  }
+  attn = attn.reshape({B, N, o.embed_dim});
+  if (dwc) {
+    // The causal depthwise conv of forward() (left padding of kw - 1 zeros),
+    // with the previous tokens' values in place of the padding.
+    const int64_t kw = o.dwc_kernel;
+    const Tensor vc = vp.transpose(1, 2);  // (B, E, N)
+    Tensor window = state.dwc_window.defined() ? state.dwc_window : torch::zeros({B, o.embed_dim, kw - 1}, vc.options());
+    TORCH_CHECK(window.dim() == 3 && window.size(0) == B && window.size(1) == o.embed_dim && window.size(2) == kw - 1,
+                "MultiheadLinearAttention::forward_incremental: state.dwc_window must be [batch, embed_dim, "
+                "dwc_kernel - 1] = [", B, ", ", o.embed_dim, ", ", kw - 1, "], got ", window.sizes());
+    const Tensor full = torch::cat({window.to(vc.scalar_type()), vc}, 2);  // (B, E, kw - 1 + N)
+    attn = attn + dwc->forward(full).transpose(1, 2);
+    next.dwc_window = full.narrow(2, full.size(2) - (kw - 1), kw - 1);
+  }
+  Tensor out = out_proj->forward(attn);
+  if (!o.batch_first) out = out.transpose(0, 1);
+  return {out, next};
 }
 
 MultiheadQuadraticAttentionImpl::MultiheadQuadraticAttentionImpl(const MultiheadOptions& options,

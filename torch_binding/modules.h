@@ -98,6 +98,14 @@ class LinearAttentionImpl : public AttentionCoreImpl {
   torch::Tensor weights(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& key_mask = {}) override;
   bool causal() const override { return spec_.causal; }
 
+  // Causal attention from `state` (undefined: zero) returning the output and
+  // the state after the last token (lunajit::linear_attention_with_state).
+  LinearAttentionStateOutput forward_with_state(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v, const LinearAttentionState& state);
+  // One token per sequence (lunajit::linear_attention_step).
+  LinearAttentionStepOutput step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const LinearAttentionState& state);
+
   const AttentionSpec& spec() const { return spec_; }
   LinearAttentionOptions& options() { return options_; }
   FeatureMap feature_map;
@@ -143,8 +151,10 @@ struct MultiheadOptions {
 // avoids. key_padding_mask: bool [batch, seq_k], true for padding (torch's
 // meaning); pad keys contribute nothing, so real tokens' outputs equal those of
 // the unpadded sequence (right or left padding, causal or not; rows of pad
-// queries are meaningless). Not for cosformer nor causal performer (the op
-// rejects them). attn_mask is rejected (linear attention has no per-pair mask;
+// queries are meaningless). Every family and path: on the kernel paths and for
+// cosformer and causal performer the op packs the real tokens of each row into
+// a variable-length batch (LinearAttentionOptions::cu_seqlens), pad query rows
+// 0; need_weights with a mask is rejected for those two. attn_mask is rejected (linear attention has no per-pair mask;
 // causality comes from the core). key and value share [seq_k, batch]; seq_k may
 // differ from query's seq_q when the core is not causal (cross-attention;
 // not with dwc, which adds a convolution of V to each query position).
@@ -169,12 +179,34 @@ class MultiheadAttentionBaseImpl : public torch::nn::Module {
   std::shared_ptr<AttentionCoreImpl> core_;
 };
 
+// What autoregressive generation carries per layer between calls of
+// MultiheadLinearAttention::forward_incremental: the attention state (S, z)
+// [batch, heads, D, dv] / [batch, heads, D] (fp32), and with dwc the last
+// dwc_kernel - 1 projected values [batch, embed_dim, dwc_kernel - 1] (the
+// causal convolution's window). Default-constructed: an empty prefix. Its size
+// does not grow with the sequence.
+struct IncrementalState {
+  LinearAttentionState attention;
+  torch::Tensor dwc_window;
+  int64_t tokens = 0;  // tokens seen so far
+};
+
 class MultiheadLinearAttentionImpl : public MultiheadAttentionBaseImpl {
  public:
   // spec.head_dim and spec.value_dim must be embed_dim / num_heads.
   MultiheadLinearAttentionImpl(const MultiheadOptions& options, const AttentionSpec& spec,
                                LinearAttentionOptions op_options = {}, uint64_t seed = 0);
   LinearAttention linear() const { return linear_; }
+
+  // Self-attention over the next tokens x ([seq, batch, embed], or [batch,
+  // seq, embed] when batch_first) of sequences whose earlier tokens `state`
+  // summarises: a prompt (seq > 1, the stateful causal forward) or one token
+  // at a time (seq == 1, linear_attention_step: the decode kernel on kernel
+  // paths). Returns the output for x and the state after it; feeding a
+  // sequence in any split equals forward(x, x, x) on the whole (causal cores
+  // only; no key padding; the same spec restrictions as the state op).
+  std::tuple<torch::Tensor, IncrementalState> forward_incremental(const torch::Tensor& x,
+                                                                  const IncrementalState& state = {});
 
  private:
   LinearAttention linear_{nullptr};

@@ -10,6 +10,11 @@
 //       through ATen's autograd, the kernel paths through their
 //       autograd::Function with the backward kernels) and for
 //       CompositeExplicitAutograd (inference mode, no_grad below autograd).
+//   linear_attention_state(q, k, v, params, spec, initial_S, initial_z, path, chunk, config, kernel_backward)
+//       -> (o, final_S, final_z): causal attention carrying state
+//       (linear_attention_with_state; differentiable in the initial state too)
+//   linear_attention_step(q, k, v, params, spec, S, z, path, config) -> (o, S', z')
+//       one decoding step (linear_attention_step; the decode kernel on kernel paths)
 //   feature_map(x, params, spec, query)      phi(x) (ATen, differentiable)
 //   linear_attention_weights(q, k, params, spec, key_mask)   the O(n^2) weights
 //                                            [batch, heads, seq_q, seq_k] (ATen)
@@ -81,7 +86,7 @@ AttentionPath parse_path(const std::string& s) {
 Tensor linear_attention_op(const Tensor& q, const Tensor& k, const Tensor& v, const c10::optional<Tensor>& params,
                            const std::string& spec_text, const std::string& path, int64_t chunk,
                            const std::string& config, bool kernel_backward, bool check_finite,
-                           const c10::optional<Tensor>& key_mask) {
+                           const c10::optional<Tensor>& key_mask, const c10::optional<Tensor>& cu_seqlens) {
   const AttentionSpec spec = parse_spec(spec_text);
   LinearAttentionOptions opts;
   opts.path = parse_path(path);
@@ -91,7 +96,46 @@ Tensor linear_attention_op(const Tensor& q, const Tensor& k, const Tensor& v, co
   opts.check_finite = check_finite;
   if (!config.empty()) opts.config = unwrap(tile_config_from_string(config, TileConfig()), "linear_attention: config");
   if (key_mask) opts.key_mask = *key_mask;
+  if (cu_seqlens) opts.cu_seqlens = *cu_seqlens;
   return linear_attention(q, k, v, params ? *params : Tensor(), spec, opts);
+}
+
+LinearAttentionOptions state_options(const std::string& path, int64_t chunk, const std::string& config,
+                                     bool kernel_backward) {
+  LinearAttentionOptions opts;
+  opts.path = parse_path(path);
+  TORCH_CHECK_VALUE(chunk >= 1, "linear_attention: chunk must be >= 1, got ", chunk);
+  opts.chunk = chunk;
+  opts.kernel_backward = kernel_backward;
+  if (!config.empty()) opts.config = unwrap(tile_config_from_string(config, TileConfig()), "linear_attention: config");
+  return opts;
+}
+
+LinearAttentionState state_of(const c10::optional<Tensor>& S, const c10::optional<Tensor>& z) {
+  return {S ? *S : Tensor(), z ? *z : Tensor()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> linear_attention_state_op(
+    const Tensor& q, const Tensor& k, const Tensor& v, const c10::optional<Tensor>& params,
+    const std::string& spec_text, const c10::optional<Tensor>& initial_S, const c10::optional<Tensor>& initial_z,
+    const std::string& path, int64_t chunk, const std::string& config, bool kernel_backward) {
+  const LinearAttentionStateOutput r =
+      linear_attention_with_state(q, k, v, params ? *params : Tensor(), parse_spec(spec_text),
+                                  state_of(initial_S, initial_z), true,
+                                  state_options(path, chunk, config, kernel_backward));
+  return {r.out, r.final_state.S, r.final_state.z};
+}
+
+std::tuple<Tensor, Tensor, Tensor> linear_attention_step_op(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                            const c10::optional<Tensor>& params,
+                                                            const std::string& spec_text,
+                                                            const c10::optional<Tensor>& S,
+                                                            const c10::optional<Tensor>& z, const std::string& path,
+                                                            const std::string& config) {
+  const LinearAttentionStepOutput r = linear_attention_step(q, k, v, params ? *params : Tensor(),
+                                                            parse_spec(spec_text), state_of(S, z),
+                                                            state_options(path, 64, config, true));
+  return {r.out, r.state.S, r.state.z};
 }
 
 // The weights of aten::linear_attention_weights, with the op's input checks
@@ -105,6 +149,9 @@ Tensor linear_attention_weights_op(const Tensor& q, const Tensor& k, const c10::
   const Tensor p = params ? *params : Tensor();
   const Tensor mask = key_mask ? *key_mask : Tensor();
   check_linear_attention_inputs(q, k, v_like, p, spec, AttentionPath::aten, false, mask);
+  TORCH_CHECK(!mask.defined() || !(spec.family == Family::cosformer || (spec.causal && spec.family == Family::performer)),
+              "linear_attention_weights: key_mask is not supported for cosformer and causal performer (their "
+              "features depend on the positions the mask removes); call it per sequence on the real tokens");
   return aten::linear_attention_weights(q, repeat_kv_heads(k, q.size(2)), p.defined() ? p : torch::empty({0}, q.options()),
                                         spec, mask);
 }
@@ -238,8 +285,13 @@ std::string build_info_op() {
 
 TORCH_LIBRARY(lunajit, m) {
   m.def("linear_attention(Tensor q, Tensor k, Tensor v, Tensor? params, str spec, str path=\"automatic\", "
-        "int chunk=64, str config=\"\", bool kernel_backward=True, bool check_finite=False, Tensor? key_mask=None) "
-        "-> Tensor");
+        "int chunk=64, str config=\"\", bool kernel_backward=True, bool check_finite=False, Tensor? key_mask=None, "
+        "Tensor? cu_seqlens=None) -> Tensor");
+  m.def("linear_attention_state(Tensor q, Tensor k, Tensor v, Tensor? params, str spec, Tensor? initial_S=None, "
+        "Tensor? initial_z=None, str path=\"automatic\", int chunk=64, str config=\"\", bool kernel_backward=True) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("linear_attention_step(Tensor q, Tensor k, Tensor v, Tensor? params, str spec, Tensor? S=None, "
+        "Tensor? z=None, str path=\"automatic\", str config=\"\") -> (Tensor, Tensor, Tensor)");
   m.def("feature_map(Tensor x, Tensor? params, str spec, bool query=True) -> Tensor", &lunajit::feature_map_op);
   m.def("linear_attention_weights(Tensor q, Tensor k, Tensor? params, str spec, Tensor? key_mask=None) -> Tensor",
         &lunajit::linear_attention_weights_op);
@@ -256,8 +308,14 @@ TORCH_LIBRARY(lunajit, m) {
 }
 
 // Autograd: the op's own autograd (ATen autograd or the kernels' Function).
-TORCH_LIBRARY_IMPL(lunajit, Autograd, m) { m.impl("linear_attention", &lunajit::linear_attention_op); }
+TORCH_LIBRARY_IMPL(lunajit, Autograd, m) {
+  m.impl("linear_attention", &lunajit::linear_attention_op);
+  m.impl("linear_attention_state", &lunajit::linear_attention_state_op);
+  m.impl("linear_attention_step", &lunajit::linear_attention_step_op);
+}
 // Below autograd (inference mode): the same computation, nothing recorded.
 TORCH_LIBRARY_IMPL(lunajit, CompositeExplicitAutograd, m) {
   m.impl("linear_attention", &lunajit::linear_attention_op);
+  m.impl("linear_attention_state", &lunajit::linear_attention_state_op);
+  m.impl("linear_attention_step", &lunajit::linear_attention_step_op);
 }

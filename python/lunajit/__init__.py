@@ -96,7 +96,8 @@ def _spec_for(q, v, spec, family, causal, fields):
 
 def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=None, head_first=False,
                      path="automatic", chunk=64, config=None, kernel_backward=True, check_finite=False,
-                     seed=0, key_mask=None, **spec_fields):
+                     seed=0, key_mask=None, cu_seqlens=None, initial_state=None, output_final_state=False,
+                     **spec_fields):
     """Linear attention o = phi(q) S / (phi(q) z + eps) of docs/MATH.md.
 
     q: [batch, seq_q, heads, head_dim], k: [batch, seq_k, heads_kv, head_dim], v:
@@ -106,8 +107,16 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     seq_k may differ from seq_q when not causal (cross-attention; path aten).
     key_mask: bool [batch, seq_k], True for real keys, False for padding (fla's
     attention_mask meaning, the opposite of torch's key_padding_mask): masked keys
-    contribute nothing, so a padded batch equals per-sequence calls (path aten;
-    not for cosformer nor causal performer).
+    contribute nothing, so a padded batch equals per-sequence calls on the real
+    tokens (every family and path: the kernel paths, cosformer and causal
+    performer pack the real tokens as with cu_seqlens; pad query rows are then 0).
+    cu_seqlens: int32 [num_seqs + 1] offsets of a packed variable-length batch
+    (fla's name and meaning): q, k, v are [1, total_tokens, heads, dim] with the
+    sequences one after another, sequence i being tokens cu_seqlens[i] ..
+    cu_seqlens[i+1]-1; each is computed alone (no token sees another sequence's;
+    cosformer uses each sequence's own length, causal performer restarts its
+    running stabiliser). Forward and backward on every path; not with key_mask,
+    head_first or seq_k != seq_q.
     spec: a dict / JSON / file (None: the default spec of `family`); head_dim,
     value_dim and dtype the spec does not set come from the tensors; `causal` and
     `spec_fields` override the spec. params: the flat feature-map parameters
@@ -115,7 +124,13 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     parameters get no gradient for them; use lunajit.nn.FeatureMap to train).
     path: automatic | aten | host_kernels | cuda_kernels; config: a tile config
     dict for the kernel paths (None: tuned or default). Differentiable in q, k,
-    v and params."""
+    v and params.
+    initial_state: None or (S, z), S [batch, heads, D, dv], z [batch, heads, D]
+    fp32 (fla's initial_state, with the normalizer z beside S; the same layout
+    with head_first): the state of the tokens before q (causal specs; not
+    performer nor cosformer). output_final_state=True returns (o, (S, z)), the
+    state after the last token, for the next call; chaining calls equals one call,
+    gradients included (the initial state gets one too)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError("lunajit.linear_attention: %s must be a torch.Tensor, got %s" % (name, type(t).__name__))
@@ -125,14 +140,61 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     if path not in PATHS:
         raise ValueError("lunajit.linear_attention: path %r is not one of %s" % (path, ", ".join(PATHS)))
     if head_first:
+        if cu_seqlens is not None:
+            raise ValueError("lunajit.linear_attention: cu_seqlens needs head_first=False (packed [1, total_tokens, "
+                             "heads, dim], as fla)")
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     text, has_params = _spec_for(q, v, spec, family, causal, spec_fields)
     if params is None and has_params:
         params = torch.ops.lunajit.init_feature_params(text, q.shape[2], int(seed)).to(q.device)
     cfg = "" if config is None else (config if isinstance(config, str) else json.dumps(config))
+    if initial_state is not None or output_final_state:
+        S0, z0 = _state_pair(initial_state, "linear_attention", "initial_state")
+        if key_mask is not None or check_finite or cu_seqlens is not None:
+            raise ValueError("lunajit.linear_attention: key_mask, cu_seqlens and check_finite cannot be combined "
+                             "with initial_state / output_final_state")
+        o, S, z = torch.ops.lunajit.linear_attention_state(q, k, v, params, text, S0, z0, path, int(chunk), cfg,
+                                                           bool(kernel_backward))
+        o = o.transpose(1, 2) if head_first else o
+        return (o, (S, z)) if output_final_state else o
     o = torch.ops.lunajit.linear_attention(q, k, v, params, text, path, int(chunk), cfg, bool(kernel_backward),
-                                           bool(check_finite), key_mask)
+                                           bool(check_finite), key_mask, cu_seqlens)
     return o.transpose(1, 2) if head_first else o
+
+
+def _state_pair(state, fn, name):
+    if state is None:
+        return None, None
+    if not (isinstance(state, (tuple, list)) and len(state) == 2):
+        raise ValueError("lunajit.%s: %s must be None or a pair (S, z), S [batch, heads, D, dv] and z [batch, "
+                         "heads, D], got %s" % (fn, name, type(state).__name__))
+    return state[0], state[1]
+
+
+def linear_attention_step(q, k, v, state=None, *, spec=None, family="luna", params=None, path="automatic",
+                          config=None, seed=0, **spec_fields):
+    """One decoding step of causal linear attention: q, k [batch, heads, head_dim]
+    (or [batch, 1, heads, head_dim]), v likewise with value_dim, the new token of
+    each sequence; state: None (empty prefix) or (S, z) as linear_attention's
+    initial_state. Returns (o, (S', z')) with S' = S + phi(k) v^T, z' = z + phi(k),
+    o = phi(q) S' / (phi(q) z' + eps), o shaped like v; the input state is not
+    modified. Paths: aten (differentiable), host_kernels / cuda_kernels (the
+    generated decode kernel; inference only). The spec is made causal."""
+    squeeze = q.dim() == 3
+    if squeeze:
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise ValueError("lunajit.linear_attention_step: q must be [batch, heads, head_dim] or [batch, 1, heads, "
+                         "head_dim], got shape %s" % (list(q.shape),))
+    if path not in PATHS:
+        raise ValueError("lunajit.linear_attention_step: path %r is not one of %s" % (path, ", ".join(PATHS)))
+    text, has_params = _spec_for(q, v, spec, family, True, spec_fields)
+    if params is None and has_params:
+        params = torch.ops.lunajit.init_feature_params(text, q.shape[2], int(seed)).to(q.device)
+    S, z = _state_pair(state, "linear_attention_step", "state")
+    cfg = "" if config is None else (config if isinstance(config, str) else json.dumps(config))
+    o, S, z = torch.ops.lunajit.linear_attention_step(q, k, v, params, text, S, z, path, cfg)
+    return (o.squeeze(1) if squeeze else o), (S, z)
 
 
 def feature_map(x, params, spec, query=True):

@@ -84,11 +84,29 @@ class LinearAttention(torch.nn.Module):
         return p
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                key_mask: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """k, v may have fewer heads (GQA) and, when not causal, another length;
-        key_mask: bool [batch, seq_k], True for real keys (lunajit.linear_attention)."""
+        key_mask: bool [batch, seq_k], True for real keys; cu_seqlens: int32 offsets
+        of a packed [1, total, heads, dim] batch (lunajit.linear_attention)."""
         return torch.ops.lunajit.linear_attention(q, k, v, self._params(), self.spec_json, self.path, self.chunk,
-                                                  self.config, self.kernel_backward, False, key_mask)
+                                                  self.config, self.kernel_backward, False, key_mask, cu_seqlens)
+
+    def forward_with_state(self, q, k, v, state=None):
+        """Causal attention from state (None or (S, z), lunajit.linear_attention's
+        initial_state) -> (o, (S, z) after the last token)."""
+        S, z = (None, None) if state is None else state
+        o, S, z = torch.ops.lunajit.linear_attention_state(q, k, v, self._params(), self.spec_json, S, z, self.path,
+                                                           self.chunk, self.config, self.kernel_backward)
+        return o, (S, z)
+
+    def step(self, q, k, v, state=None):
+        """One token per sequence, q, k, v [batch, 1, heads, dim] -> (o, (S, z))
+        (lunajit.linear_attention_step; the decode kernel on kernel paths)."""
+        S, z = (None, None) if state is None else state
+        o, S, z = torch.ops.lunajit.linear_attention_step(q, k, v, self._params(), self.spec_json, S, z, self.path,
+                                                          self.config)
+        return o, (S, z)
 
     def weights(self, q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The weights linear attention applies, [batch, heads, seq_q, seq_k] (O(n^2))."""
@@ -105,8 +123,9 @@ class MultiheadLinearAttention(torch.nn.Module):
     embed] with batch_first), key and value alike with seq_k, which may differ
     from seq_q when not causal (not with dwc). key_padding_mask: bool [batch,
     seq_k], True for padding (torch's meaning): pad keys contribute nothing, so
-    real tokens' outputs equal those of the unpadded sequences (not for cosformer
-    nor causal performer). need_weights defaults to False (torch: True): the
+    real tokens' outputs equal those of the unpadded sequences, every family
+    (cosformer, causal performer and the kernel paths pack the real tokens, as
+    cu_seqlens; their need_weights takes no mask). need_weights defaults to False (torch: True): the
     weights are O(seq_q * seq_k). num_kv_heads (None: num_heads) divides
     num_heads: grouped-query attention, k_proj / v_proj project to num_kv_heads
     heads."""
@@ -205,6 +224,43 @@ class MultiheadLinearAttention(torch.nn.Module):
             w = self.core.weights(qh, kh, keep)
             weights = w.mean(1) if average_attn_weights else w
         return out, weights
+
+    def forward_incremental(self, x, state=None):
+        """Self-attention over the next tokens x ([seq, batch, embed], or [batch,
+        seq, embed] with batch_first) of sequences summarised by `state` (None: an
+        empty prefix), for autoregressive generation: a prompt (seq > 1) or one
+        token at a time (seq == 1, the decode kernel on kernel paths). Returns
+        (out, state), state a dict {"S", "z" (the attention state, docs/MATH.md
+        §1a), "dwc_window" (the last dwc_kernel - 1 projected values, with dwc),
+        "tokens"}, whose size does not grow with the sequence. Any split of a
+        sequence equals forward(x, x, x) on the whole (causal specs only)."""
+        if not self.core.causal:
+            raise ValueError("MultiheadLinearAttention.forward_incremental: the spec is not causal; incremental "
+                             "generation needs causal = true")
+        if x.dim() != 3 or x.size(2) != self.embed_dim:
+            raise ValueError("MultiheadLinearAttention.forward_incremental: x must be 3-D with embed_dim %d last, got %s"
+                             % (self.embed_dim, list(x.shape)))
+        xb = x if self.batch_first else x.transpose(0, 1)
+        b, n = xb.size(0), xb.size(1)
+        state = state or {}
+        qh = self.q_proj(xb).reshape(b, n, self.num_heads, self.head_dim)
+        kh = self.k_proj(xb).reshape(b, n, self.num_kv_heads, self.head_dim)
+        vp = self.v_proj(xb)
+        vh = vp.reshape(b, n, self.num_kv_heads, self.head_dim)
+        prev = (state["S"], state["z"]) if "S" in state else None
+        attn, (S, z) = (self.core.step if n == 1 else self.core.forward_with_state)(qh, kh, vh, prev)
+        attn = attn.reshape(b, n, self.embed_dim)
+        nxt = {"S": S, "z": z, "tokens": state.get("tokens", 0) + n}
+        if self.dwc is not None:
+            kw = self.dwc_kernel
+            window = state.get("dwc_window")
+            if window is None:
+                window = vp.new_zeros(b, self.embed_dim, kw - 1)
+            full = torch.cat([window.to(vp.dtype), vp.transpose(1, 2)], 2)
+            attn = attn + self.dwc(full).transpose(1, 2)
+            nxt["dwc_window"] = full[:, :, full.size(2) - (kw - 1):]
+        out = self.out_proj(attn)
+        return (out if self.batch_first else out.transpose(0, 1)), nxt
 
 
 def _feature_map_specs(module):

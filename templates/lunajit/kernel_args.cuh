@@ -58,6 +58,20 @@ struct ForwardArgs {
   MutableTensorRef o;
   const float* params;
   float* workspace;
+  // Carried state (causal only; docs/MATH.md §1a), fp32 contiguous
+  // S [batch, heads, D, dv] and z [batch, heads, D]. initial_*: null = the zero
+  // state; final_*: null = not written. May not alias each other.
+  const float* initial_S;
+  const float* initial_z;
+  float* final_S;
+  float* final_z;
+  // Variable-length packed batch (docs/MATH.md §3 "Packed sequences"); null:
+  // problem.batch equal-length sequences of problem.seq tokens. Else int32
+  // [problem.batch + 1] offsets (fla's cu_seqlens): sequence b is the tokens
+  // cu_seqlens[b] .. cu_seqlens[b+1]-1 of tensors packed as [1, total, heads, dim]
+  // (stride_batch is ignored), and problem.seq is the longest length (it sizes
+  // the grid and the workspace).
+  const int* cu_seqlens;
 };
 
 // Backward of linear attention (docs/MATH.md §1). o is the forward output,
@@ -78,6 +92,31 @@ struct BackwardArgs {
   const float* params;
   float* dparams;
   float* workspace;
+  // Carried state (causal only; layout as ForwardArgs): the forward's initial
+  // state (null = zero), the upstream gradient of its final state (null = zero),
+  // and where the gradient of the initial state goes (null = not written).
+  const float* initial_S;
+  const float* initial_z;
+  const float* dfinal_S;
+  const float* dfinal_z;
+  float* dinitial_S;
+  float* dinitial_z;
+  const int* cu_seqlens;  // as in ForwardArgs
+};
+
+// One decoding step (templates/lunajit/linear_attention_decode.cuh): q, k, v
+// hold one token per sequence ([batch, 1, heads, dim], problem.seq = 1); the
+// state S [batch, heads, D, dv], z [batch, heads, D] (fp32 contiguous) is
+// updated in place, then o = phi(q)^T S / (phi(q)^T z + eps).
+struct DecodeArgs {
+  Problem problem;
+  TensorRef q;
+  TensorRef k;
+  TensorRef v;
+  MutableTensorRef o;
+  const float* params;
+  float* state_S;
+  float* state_z;
 };
 
 }  // namespace lunajit

@@ -52,6 +52,60 @@ struct KernelTraits {
   }
 };
 
+// Packed variable-length batches (ForwardArgs::cu_seqlens): sequence b's token
+// range, and the tensors moved to its first token with stride_batch 0, so the
+// kernels index (b, h, t) as for an equal-length batch with t < len. Without
+// cu_seqlens every sequence is [0, problem.seq) of batch entry b and the
+// tensors are left as they are.
+struct SeqSpan {
+  long long offset;  // first token in the packed tensors
+  int len;
+};
+LUNAJIT_DEVICE SeqSpan sequence_span(const int* cu_seqlens, int b, int seq) {
+  if (cu_seqlens == nullptr) return SeqSpan{0, seq};
+  return SeqSpan{(long long)cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]};
+}
+template <class T>
+LUNAJIT_DEVICE TensorRef at_sequence(TensorRef r, const SeqSpan& s) {
+  r.data = static_cast<const T*>(r.data) + s.offset * r.stride_seq;
+  r.stride_batch = 0;
+  return r;
+}
+template <class T>
+LUNAJIT_DEVICE MutableTensorRef at_sequence(MutableTensorRef r, const SeqSpan& s) {
+  r.data = static_cast<T*>(r.data) + s.offset * r.stride_seq;
+  r.stride_batch = 0;
+  return r;
+}
+// The arguments as seen by the blocks of sequence b (problem.seq stays the
+// longest length: grid and workspace indexing use it).
+template <class K>
+LUNAJIT_DEVICE ForwardArgs sequence_args(const ForwardArgs& a, const SeqSpan& s) {
+  if (a.cu_seqlens == nullptr) return a;
+  using T = typename K::T;
+  ForwardArgs r = a;
+  r.q = at_sequence<T>(a.q, s);
+  r.k = at_sequence<T>(a.k, s);
+  r.v = at_sequence<T>(a.v, s);
+  r.o = at_sequence<T>(a.o, s);
+  return r;
+}
+template <class K>
+LUNAJIT_DEVICE BackwardArgs sequence_args(const BackwardArgs& a, const SeqSpan& s) {
+  if (a.cu_seqlens == nullptr) return a;
+  using T = typename K::T;
+  BackwardArgs r = a;
+  r.q = at_sequence<T>(a.q, s);
+  r.k = at_sequence<T>(a.k, s);
+  r.v = at_sequence<T>(a.v, s);
+  r.o = at_sequence<T>(a.o, s);
+  r.dout = at_sequence<T>(a.dout, s);
+  r.dq = at_sequence<T>(a.dq, s);
+  r.dk = at_sequence<T>(a.dk, s);
+  r.dv = at_sequence<T>(a.dv, s);
+  return r;
+}
+
 // Writes phi(x) for one tile of rows as fp32 [batch, seq, heads, D] contiguous.
 // Grid (ceil(seq / block_tokens), batch*heads).
 template <class K>
@@ -110,11 +164,12 @@ __global__ void __launch_bounds__(K::threads) key_stab_kernel(const FeatureMapAr
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::threads) forward_key_stab_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) forward_key_stab_kernel(const ForwardArgs args) {
   if constexpr (K::performer) {
-    const int bh = blockIdx.x;
-    key_stab_block<K>(a.k, a.params, bh / a.problem.heads, bh % a.problem.heads, a.problem.seq, a.problem.heads,
-                      a.workspace + bh);
+    const int bh = blockIdx.x, b = bh / args.problem.heads;
+    const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+    const ForwardArgs a = sequence_args<K>(args, sp);
+    key_stab_block<K>(a.k, a.params, b, bh % a.problem.heads, sp.len, a.problem.heads, a.workspace + bh);
   }
 }
 
@@ -190,23 +245,28 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs args) {
   const int bh = blockIdx.x;
-  state_block<K>(a.problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f,
+  const SeqSpan sp = sequence_span(args.cu_seqlens, bh / args.problem.heads, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f,
                  a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads));
 }
 
 // Non-causal output pass: o_i = phi(q_i)^T S / (phi(q_i)^T z + eps).
 // Grid (ceil(seq / block_tokens), batch*heads, dv blocks).
 template <class K>
-__global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs args) {
   using Tr = KernelTraits<K>;
   constexpr int T = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr SmemLayout L = smem_layout(KernelKind::output, Tr::dims(T));
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int t0 = blockIdx.x * T, c0 = blockIdx.z * DVB, seq = a.problem.seq;
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  const int t0 = blockIdx.x * T, c0 = blockIdx.z * DVB, seq = sp.len;
   const int valid = min(T, seq - t0);
+  if (valid <= 0) return;  // a tile past the end of a shorter packed sequence (whole block)
   const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
                        (long long)bh * K::state_splits * ((long long)D * K::dv + D);
   constexpr long long kPart = (long long)D * K::dv + D;
@@ -245,6 +305,33 @@ __global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs a)
   }
 }
 
+// Carried state (docs/MATH.md §1a): the (D, cols) slice at value column c0 of
+// one (batch, head)'s S [D, dv] and its z [D], fp32 contiguous
+// [batch*heads][D][dv] and [batch*heads][D]. Null pointers: the zero state.
+template <class K>
+LUNAJIT_DEVICE void load_initial_state(const float* S0, const float* z0, int bh, int c0, int cols, float* S,
+                                       float* z) {
+  for (int e = threadIdx.x; e < K::D * cols; e += K::threads) {
+    const int f = e / cols, c = e - f * cols;
+    S[e] = S0 != nullptr && c0 + c < K::dv ? S0[((long long)bh * K::D + f) * K::dv + c0 + c] : 0.0f;
+  }
+  for (int f = threadIdx.x; f < K::D; f += K::threads) z[f] = z0 != nullptr ? z0[(long long)bh * K::D + f] : 0.0f;
+}
+
+// Writes the slice back (null pointers: not written); call after the last
+// __syncthreads of the scan, every thread writing the entries it owns.
+template <class K>
+LUNAJIT_DEVICE void store_final_state(float* S1, float* z1, int bh, int c0, int cols, const float* S,
+                                      const float* z) {
+  if (S1 != nullptr)
+    for (int e = threadIdx.x; e < K::D * cols; e += K::threads) {
+      const int f = e / cols, c = e - f * cols;
+      if (c0 + c < K::dv) S1[((long long)bh * K::D + f) * K::dv + c0 + c] = S[e];
+    }
+  if (z1 != nullptr)
+    for (int f = threadIdx.x; f < K::D; f += K::threads) z1[(long long)bh * K::D + f] = z[f];
+}
+
 // Causal performer (docs/MATH.md §2): query i maps the keys it sees with
 // M_i = max_{j<=i} s_j, s_j = max_f e_f(k_j) the key's own max, so that
 //   phi_i(k_j) = exp(s_j - M_i) (u_j - kappa) + kappa,
@@ -257,14 +344,16 @@ __global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs a)
 //   o_i = (sum_j A_ij v_j + exp(R - M_i) phi_q_i^T E + kappa Q_i Vs)
 //       / (sum_j A_ij + exp(R - M_i) phi_q_i . e + kappa Q_i t0 + eps).
 template <class K>
-LUNAJIT_DEVICE void performer_causal_chunk(const ForwardArgs& a) {
+LUNAJIT_DEVICE void performer_causal_chunk(const ForwardArgs& args) {
   using Tr = KernelTraits<K>;
   constexpr int C = K::chunk, D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr float kappa = K::FeatureMap::kKernelEps;
   constexpr SmemLayout L = smem_layout(KernelKind::causal_chunk, Tr::dims(C));
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int c0 = blockIdx.y * DVB, seq = a.problem.seq;
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  const int c0 = blockIdx.y * DVB, seq = sp.len;
   float* S = smem + L.state;      // (D, DVB): E
   float* z = smem + L.z;          // (D): e
   float* phi_q = smem + L.phi_q;  // (C, D)
@@ -363,17 +452,19 @@ LUNAJIT_DEVICE void performer_causal_chunk(const ForwardArgs& a) {
 //   S += Phi_k^T V;  z += Phi_k^T 1
 // Grid (batch*heads, dv blocks); the block carries (S, z) through the sequence.
 template <class K>
-__global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardArgs args) {
   if constexpr (K::performer) {
-    performer_causal_chunk<K>(a);
+    performer_causal_chunk<K>(args);
     return;
   }
   using Tr = KernelTraits<K>;
   constexpr int C = K::chunk, D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr SmemLayout L = smem_layout(KernelKind::causal_chunk, Tr::dims(C));
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int c0 = blockIdx.y * DVB, seq = a.problem.seq;
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  const int c0 = blockIdx.y * DVB, seq = sp.len;
   float* S = smem + L.state;      // (D, DVB)
   float* z = smem + L.z;          // (D)
   float* phi_q = smem + L.phi_q;  // (C, D)
@@ -381,8 +472,7 @@ __global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardA
   float* v = smem + L.v;          // (C, DVB)
   float* A = smem + L.scores;     // (C, C)
   float* den = smem + L.den;      // (C)
-  for (int e = threadIdx.x; e < D * DVB; e += NT) S[e] = 0.0f;
-  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  load_initial_state<K>(a.initial_S, a.initial_z, bh, c0, DVB, S, z);
   const float* params = Tr::head_params(a.params, h);
   const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
   typename K::T* out = static_cast<typename K::T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
@@ -435,6 +525,7 @@ __global__ void __launch_bounds__(K::threads) causal_chunk_kernel(const ForwardA
     }
     __syncthreads();
   }
+  store_final_state<K>(a.final_S, blockIdx.y == 0 ? a.final_z : nullptr, bh, c0, DVB, S, z);
 }
 
 }  // namespace lunajit

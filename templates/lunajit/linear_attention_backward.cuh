@@ -88,33 +88,38 @@ LUNAJIT_DEVICE void write_slot(const float* dparams, float* slot) {
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::threads) backward_key_stab_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(K::threads) backward_key_stab_kernel(const BackwardArgs args) {
   if constexpr (K::performer) {
-    const int bh = blockIdx.x;
-    key_stab_block<K>(a.k, a.params, bh / a.problem.heads, bh % a.problem.heads, a.problem.seq, a.problem.heads,
-                      a.workspace + bh);
+    const int bh = blockIdx.x, b = bh / args.problem.heads;
+    const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+    const BackwardArgs a = sequence_args<K>(args, sp);
+    key_stab_block<K>(a.k, a.params, b, bh % a.problem.heads, sp.len, a.problem.heads, a.workspace + bh);
   }
 }
 
 // (S, z) partials, exactly as the forward. Grid (batch*heads, splits, dv blocks).
 template <class K>
-__global__ void __launch_bounds__(K::threads) backward_state_kernel(const BackwardArgs a) {
-  const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
-  state_block<K>(a.problem, a.k, a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
+__global__ void __launch_bounds__(K::threads) backward_state_kernel(const BackwardArgs args) {
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
+  const SeqSpan sp = sequence_span(args.cu_seqlens, blockIdx.x / args.problem.heads, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
 }
 
 // (dS, dz) partials over this block's share of the queries. Grid (batch*heads, splits).
 template <class K>
-__global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs args) {
   using Tr = BackwardTraits<K>;
   constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dstate, Tr::dims());
   constexpr int kEntries = state_entries_per_thread(D, DV, NT);
   constexpr int kZEntries = (D + NT - 1) / NT;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, split = blockIdx.y;
-  const int seq = a.problem.seq, tiles = (seq + T - 1) / T;
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, split = blockIdx.y;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const int seq = sp.len, tiles = (seq + T - 1) / T;
   const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
   const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
   constexpr long long kPart = (long long)D * DV + D;
@@ -181,14 +186,18 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
 // dq for one query tile: dphi(q) = S g + z r, then the feature map's backward.
 // Grid (query tiles, batch*heads).
 template <class K>
-__global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args) {
   using Tr = BackwardTraits<K>;
   constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dq, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int seq = a.problem.seq, t0 = blockIdx.x * T, valid = min(T, seq - t0);
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  // A tile past the end of a shorter packed sequence has no rows but still
+  // writes its (zero) parameter-gradient slot.
+  const int seq = sp.len, t0 = blockIdx.x * T, valid = max(0, min(T, seq - t0));
   float* S = smem + L.state;
   float* z = smem + L.z;
   float* phi = smem + L.phi_q;
@@ -224,14 +233,18 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs a) {
 // dk and dv for one key tile: dphi(k) = dS v + dz, dv = dS^T phi(k).
 // Grid (key tiles, batch*heads).
 template <class K>
-__global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs args) {
   using Tr = BackwardTraits<K>;
   constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dkv, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int seq = a.problem.seq, t0 = blockIdx.x * T, valid = min(T, seq - t0);
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  // A tile past the end of a shorter packed sequence has no rows but still
+  // writes its (zero) parameter-gradient slot.
+  const int seq = sp.len, t0 = blockIdx.x * T, valid = max(0, min(T, seq - t0));
   const int bh_count = a.problem.batch * a.problem.heads;
   float* dS = smem + L.state;
   float* dz = smem + L.z;
@@ -274,14 +287,18 @@ __global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs a) {
 //   dphi(q_i) = sum_{j<=i} B_ij phi_i(k_j) + exp(R - M_i)(E g_i + e r_i) + kappa (Vs . g_i + t0 r_i)
 // with B_ij = v_j . g_i + r_i; stores den_i and M_i for the reverse scan.
 template <class K>
-LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& a) {
+LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& args) {
   using Tr = BackwardTraits<K>;
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr float kappa = K::FeatureMap::kKernelEps;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const int seq = sp.len;
+  const long long ws_seq = args.problem.seq;  // per-token workspace rows: the longest length
   float* S = smem + L.state;
   float* z = smem + L.z;
   float* phi_q = smem + L.phi_q;
@@ -317,7 +334,7 @@ LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& a) {
         ks[j] = smem[L.scratch + j];
         m = fmaxf(m, ks[j]);
         km[j] = m;
-        a.workspace[w.kmax + (long long)bh * seq + t0 + j] = m;
+        a.workspace[w.kmax + bh * ws_seq + t0 + j] = m;
       }
     }
     load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
@@ -344,7 +361,7 @@ LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& a) {
       if constexpr (K::normalize) {
         s = expf(level - km[i]) * fm::dot(phi_q + i * D, z, D) + kappa * qs[i] * (float)t0 + K::eps;
         for (int j = 0; j <= i; ++j) s += A[i * C + j];
-        a.workspace[w.den + (long long)bh * seq + t0 + i] = s;
+        a.workspace[w.den + bh * ws_seq + t0 + i] = s;
       }
       den[i] = s;
     }
@@ -402,14 +419,18 @@ LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& a) {
 // du_j is the gradient of u_j (the key in the query form), which the feature
 // map's backward maps to dk_j with s_j held (stop-gradient; s_j cancels in phi_i(k_j)).
 template <class K>
-LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& a) {
+LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& args) {
   using Tr = BackwardTraits<K>;
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr float kappa = K::FeatureMap::kKernelEps;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const int seq = sp.len;
+  const long long ws_seq = args.problem.seq;  // per-token workspace rows: the longest length
   const int bh_count = a.problem.batch * a.problem.heads;
   float* dS = smem + L.state;
   float* dz = smem + L.z;
@@ -432,7 +453,7 @@ LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& a) {
   for (int c = threadIdx.x; c < DV; c += NT) gs[c] = 0.0f;
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const float* params = KernelTraits<K>::head_params(a.params, h);
-  const float* kmax_all = a.workspace + w.kmax + (long long)bh * seq;
+  const float* kmax_all = a.workspace + w.kmax + bh * ws_seq;
   const int chunks = (seq + C - 1) / C;
   typename K::T* dv_out = static_cast<typename K::T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
   float level = seq > 0 ? kmax_all[seq - 1] : 0.0f;  // the carry is empty until the last chunk is done
@@ -442,7 +463,7 @@ LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& a) {
     load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
     load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
     for (int i = threadIdx.x; i < valid; i += NT) {
-      den[i] = K::normalize ? a.workspace[w.den + (long long)bh * seq + t0 + i] : 1.0f;
+      den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
       km[i] = kmax_all[t0 + i];
     }
     __syncthreads();
@@ -517,17 +538,21 @@ LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& a) {
 // Causal, forward scan: dq, and each token's denominator for causal_dkv_kernel.
 // Grid (batch*heads).
 template <class K>
-__global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArgs args) {
   if constexpr (K::performer) {
-    performer_causal_dq<K>(a);
+    performer_causal_dq<K>(args);
     return;
   }
   using Tr = BackwardTraits<K>;
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const int seq = sp.len;
+  const long long ws_seq = args.problem.seq;  // per-token workspace rows: the longest length
   float* S = smem + L.state;
   float* z = smem + L.z;
   float* phi_q = smem + L.phi_q;
@@ -540,8 +565,7 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
   float* den = smem + L.den;
   float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  for (int e = threadIdx.x; e < D * DV; e += NT) S[e] = 0.0f;
-  for (int f = threadIdx.x; f < D; f += NT) z[f] = 0.0f;
+  load_initial_state<K>(a.initial_S, a.initial_z, bh, 0, DV, S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
@@ -568,7 +592,7 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
       if constexpr (K::normalize) {
         s = fm::dot(phi_q + i * D, z, D) + K::eps;
         for (int j = 0; j <= i; ++j) s += A[i * C + j];
-        a.workspace[w.den + (long long)bh * seq + t0 + i] = s;
+        a.workspace[w.den + bh * ws_seq + t0 + i] = s;
       }
       den[i] = s;
     }
@@ -609,17 +633,21 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
 
 // Causal, backward scan over the chunks: dk and dv. Grid (batch*heads).
 template <class K>
-__global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardArgs args) {
   if constexpr (K::performer) {
-    performer_causal_dkv<K>(a);
+    performer_causal_dkv<K>(args);
     return;
   }
   using Tr = BackwardTraits<K>;
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(a.problem);
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads, seq = a.problem.seq;
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const int seq = sp.len;
+  const long long ws_seq = args.problem.seq;  // per-token workspace rows: the longest length
   const int bh_count = a.problem.batch * a.problem.heads;
   float* dS = smem + L.state;
   float* dz = smem + L.z;
@@ -633,8 +661,8 @@ __global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardAr
   float* den = smem + L.den;
   float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  for (int e = threadIdx.x; e < D * DV; e += NT) dS[e] = 0.0f;
-  for (int f = threadIdx.x; f < D; f += NT) dz[f] = 0.0f;
+  // The upstream gradient of the final state enters every key's dS_>c, dz_>c.
+  load_initial_state<K>(a.dfinal_S, a.dfinal_z, bh, 0, DV, dS, dz);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const float key_stab = K::performer ? a.workspace[bh] : 0.0f;
@@ -646,7 +674,7 @@ __global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardAr
     load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
     load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
     for (int i = threadIdx.x; i < valid; i += NT)
-      den[i] = K::normalize ? a.workspace[w.den + (long long)bh * seq + t0 + i] : 1.0f;
+      den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
     __syncthreads();
     K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid,
                                       FeatureContext{params, t0, seq, 1, 0.0f});
@@ -694,6 +722,8 @@ __global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardAr
     store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
     __syncthreads();
   }
+  // dS_>=0 = dS_T + sum_i phi(q_i) g_i^T: the gradient of the initial S (and z).
+  store_final_state<K>(a.dinitial_S, a.dinitial_z, bh, 0, DV, dS, dz);
   if constexpr (Tr::kLearned)
     write_slot<K>(dparams, a.workspace + w.slots + (long long)(bh_count + bh) * Tr::kParamFloats);
 }

@@ -217,14 +217,18 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::threads) mma_state_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) mma_state_kernel(const ForwardArgs args) {
   const int bh = blockIdx.x;
-  mma_state_block<K>(a.problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f,
+  // Packed variable-length batches: sequence b's tokens (as state_kernel).
+  const SeqSpan sp = sequence_span(args.cu_seqlens, bh / args.problem.heads, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  mma_state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params,
+                     K::performer ? a.workspace[bh] : 0.0f,
                      a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads));
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArgs args) {
   using Tr = KernelTraits<K>;
   using M = MmaTraits<K>;
   using T = typename K::T;
@@ -234,9 +238,13 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::output, Tr::dims(Tk));
   constexpr long long kPart = (long long)D * K::dv + D;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const int bh = blockIdx.y, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int t0 = blockIdx.x * Tk, c0 = blockIdx.z * DVB, seq = a.problem.seq;
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  // Packed variable-length batches: sequence b's tokens (as output_kernel).
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  const int t0 = blockIdx.x * Tk, c0 = blockIdx.z * DVB, seq = sp.len;
   const int valid = min(Tk, seq - t0);
+  if (valid <= 0) return;  // a tile past the end of a shorter packed sequence (whole block)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
                        (long long)bh * K::state_splits * kPart;
@@ -360,9 +368,11 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 //      diagonal are skipped (masked to zero anyway).
 //   4. S += Phi_k^T V, z += Phi_k^T 1 on mma into the master registers.
 // Every sum is fp32 in a fixed order (deterministic); the causal performer
-// (running key stabiliser) is not implemented here (can_implement).
+// (running key stabiliser) is not implemented here (can_implement). Carried
+// state (initial_S/z seed the master registers, final_S/z receive them) and
+// packed sequences (cu_seqlens) as causal_chunk_kernel (docs/MATH.md §1a, §3).
 template <class K>
-__global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const ForwardArgs args) {
   using Tr = KernelTraits<K>;
   using T = typename K::T;
   static_assert(!K::performer, "the causal performer has no tensor-core kernel (can_implement)");
@@ -385,11 +395,15 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   unsigned* s_words = reinterpret_cast<unsigned*>(smem + L.s_h);
   unsigned* z_words = reinterpret_cast<unsigned*>(smem + L.z_h);
   float* red = smem + L.reduce;
-  const int bh = blockIdx.x, b = bh / a.problem.heads, h = bh % a.problem.heads;
-  const int c0 = blockIdx.y * DVB, seq = a.problem.seq;
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  // Packed variable-length batches: sequence b's tokens (as causal_chunk_kernel).
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const ForwardArgs a = sequence_args<K>(args, sp);
+  const int c0 = blockIdx.y * DVB, seq = sp.len;
   const float* params = Tr::head_params(a.params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lm = lane >> 3, lr = lane & 7, g = lane >> 2, t = lane & 3;
+  const bool carried = a.initial_S != nullptr || a.initial_z != nullptr;  // docs/MATH.md §1a
   // State tiling (master S, z) and output tiling (query tiles) of this warp.
   const int sm_ = warp % WS.warps_m, sn = warp / WS.warps_m;
   const bool with_z = sn == 0;  // warp-uniform; z is needed by every dv block here
@@ -398,16 +412,28 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   const T* vbase = static_cast<const T*>(a.v.data) + b * a.v.stride_batch + h * a.v.stride_head;
   T* out = static_cast<T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
 
+  // The master state, seeded with the carried state [batch*heads, D, dv] /
+  // [batch*heads, D] when given (zero otherwise); C fragment positions: row
+  // f0 + g + 8(q>>1), column n0 + 2t + (q&1); every column of the z tile is z.
   float sacc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
   float zacc[WS.m_tiles_per_warp][4];
 #pragma unroll
   for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+    const int f0 = (sm_ + WS.warps_m * i) * 16;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
+    for (int q = 0; q < 4; ++q) {
+      const int f = f0 + g + 8 * (q >> 1);
+      zacc[i][q] = with_z && a.initial_z != nullptr ? a.initial_z[(long long)bh * D + f] : 0.0f;
+    }
 #pragma unroll
-    for (int j = 0; j < WS.n_tiles_per_warp; ++j)
+    for (int j = 0; j < WS.n_tiles_per_warp; ++j) {
+      const int n0 = (sn * WS.n_tiles_per_warp + j) * 8;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) sacc[i][j][q] = 0.0f;
+      for (int q = 0; q < 4; ++q) {
+        const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+        sacc[i][j][q] = a.initial_S != nullptr && c < K::dv ? a.initial_S[((long long)bh * D + f) * K::dv + c] : 0.0f;
+      }
+    }
   }
 
   for (int t0 = 0; t0 < seq; t0 += C) {
@@ -496,7 +522,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
       for (int j = 0; j < WO.n_tiles_per_warp; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-      if (t0 > 0) {
+      if (t0 > 0 || carried) {
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 16) {
           unsigned af[4];
@@ -620,6 +646,26 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
       }
     }
     __syncthreads();
+  }
+  // The final state (null pointers: not written); z from the first dv block.
+#pragma unroll
+  for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+    const int f0 = (sm_ + WS.warps_m * i) * 16;
+    if (a.final_S != nullptr) {
+#pragma unroll
+      for (int j = 0; j < WS.n_tiles_per_warp; ++j) {
+        const int n0 = (sn * WS.n_tiles_per_warp + j) * 8;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+          if (c < K::dv) a.final_S[((long long)bh * D + f) * K::dv + c] = sacc[i][j][q];
+        }
+      }
+    }
+    if (a.final_z != nullptr && blockIdx.y == 0 && with_z && t == 0) {
+      a.final_z[(long long)bh * D + f0 + g] = zacc[i][0];
+      a.final_z[(long long)bh * D + f0 + g + 8] = zacc[i][2];
+    }
   }
 }
 

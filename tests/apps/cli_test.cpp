@@ -241,6 +241,14 @@ TEST(Cli, IntegersBeyond32BitsExit2NotWrapped) {
   EXPECT_TRUE(contains(r.err, "seq = 99999999999: must be in [1, 2147483647]")) << describe(r);
 }
 
+TEST(Cli, TuneTopKIsANonNegativeCount) {
+  for (const char* bad : {"-1", "many"}) {
+    const CliResult r = run_cli({"tune", "--top-k", bad});
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, "--top-k")) << describe(r);
+  }
+}
+
 TEST(Cli, FloatsBeyondFloatRangeExit2) {
   for (const char* spec : {R"({"family":"luna","eps":1e39})", R"({"family":"luna","eps":1e-320})",
                            R"({"family":"luna","eps":1e308})", R"({"family":"performer","performer":{"kernel_eps":1e39}})"}) {

@@ -23,8 +23,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstring>
+#include <random>
+
 #include "autotune/search_space.h"
 #include "autotune/validation.h"
+#include "codegen/feature_params.h"
+#include "runtime/attention_runner.h"
 #include "tests/autotune/host_cases.h"
 
 namespace lunajit {
@@ -158,6 +163,140 @@ TEST(MmaForwardHostDims, PartialValueBlock) {
   auto rep = check_forward(host_backend(), spec, config, opt);
   ASSERT_TRUE(rep.ok()) << rep.error().message;
   EXPECT_TRUE(rep->pass) << rep->rel_rms;
+}
+
+// Carried state (initial_S/z, final_S/z; docs/MATH.md §1a) and packed
+// variable-length batches (cu_seqlens, §3) on the tensor-core kernels: the
+// same bf16 inputs through the mma runner and the scalar runner (itself
+// checked against the reference by state_host_tests and the varlen tests).
+// Tolerance: relative RMS 1e-2 between the two (each is a few 1e-3 from the
+// reference, MATH.md "Tensor-core causal forward"); the state must matter
+// (the output without it differs by far more), so ignoring it fails.
+namespace packed {
+
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+Buffer upload(const void* data, size_t bytes) {
+  Buffer b = host_backend().allocate(std::max<size_t>(bytes, 4)).value_or_throw();
+  const std::vector<char> zeros(data == nullptr ? bytes : 0, 0);  // data == nullptr: zero-filled
+  if (bytes) {
+    EXPECT_TRUE(host_backend().copy_to_device(b, data != nullptr ? data : zeros.data(), bytes).ok());
+  }
+  return b;
+}
+template <class T>
+std::vector<T> download(const Buffer& b, size_t n) {
+  std::vector<T> x(n);
+  EXPECT_TRUE(host_backend().copy_to_host(x.data(), b, n * sizeof(T)).ok());
+  return x;
+}
+double rel_rms(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct Outputs {
+  std::vector<float> o, S, z;
+};
+
+// One forward over the packed batch; state = nullptr: none carried.
+Outputs run(const AttentionSpec& spec, const TileConfig& config, const std::vector<int>& cu, int heads,
+            const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+            const std::vector<float>& params, const std::vector<float>* S0, const std::vector<float>* z0) {
+  const int d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim(), B = int(cu.size()) - 1;
+  const int total = cu.back();
+  int longest = 0;
+  for (int b = 0; b < B; ++b) longest = std::max(longest, cu[b + 1] - cu[b]);
+  auto runner = AttentionRunner::create(host_backend(), spec, config, Pass::forward).value_or_throw();
+  Buffer bq = upload(q.data(), q.size() * 2), bk = upload(k.data(), k.size() * 2), bv = upload(v.data(), v.size() * 2);
+  Buffer bo = upload(nullptr, size_t(total) * heads * dv * 2), bp = upload(params.data(), params.size() * 4);
+  Buffer bcu = upload(cu.data(), cu.size() * 4);
+  const size_t nS = size_t(B) * heads * D * dv, nz = size_t(B) * heads * D;
+  Buffer bS0, bz0, bS1, bz1;
+  StateRefs st;
+  if (S0 != nullptr) {
+    bS0 = upload(S0->data(), nS * 4);
+    bz0 = upload(z0->data(), nz * 4);
+    bS1 = upload(nullptr, nS * 4);
+    bz1 = upload(nullptr, nz * 4);
+    st = StateRefs{bS0.ptr(), bz0.ptr(), bS1.ptr(), bz1.ptr()};
+  }
+  auto tref = [&](const Buffer& b, int w) { return TensorRef{b.as_pointer(), 0, int64_t(heads) * w, w}; };
+  const MutableTensorRef oref{bo.as_pointer(), 0, int64_t(heads) * dv, dv};
+  auto status = runner.forward({B, heads, longest}, tref(bq, d), tref(bk, d), tref(bv, dv), oref, bp.ptr(), st,
+                               bcu.ptr());
+  EXPECT_TRUE(status.ok()) << status.error().message;
+  Outputs out;
+  for (uint16_t h : download<uint16_t>(bo, size_t(total) * heads * dv)) out.o.push_back(from_bf16(h));
+  if (S0 != nullptr) {
+    out.S = download<float>(bS1, nS);
+    out.z = download<float>(bz1, nz);
+  }
+  return out;
+}
+
+}  // namespace packed
+
+TEST(MmaForwardHostPacked, CarriedStateAndPackedSequencesMatchTheScalarKernels) {
+  using namespace packed;
+  const std::vector<int> cu = {0, 37, 127};  // 37 and 90 tokens: 1 and 2 chunks of 64, both partial
+  const int heads = 2, total = cu.back(), B = int(cu.size()) - 1;
+  for (bool causal : {true, false}) {
+    AttentionSpec spec = default_spec(Family::luna);
+    spec.causal = causal;
+    spec.dtype = DType::bf16;
+    const int d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
+    const TileConfig scalar = default_config(spec, sm90());
+    const TileConfig tc = scalar.with_mma(true);
+    SCOPED_TRACE(tc.to_string() + (causal ? " causal" : " non-causal"));
+    ASSERT_TRUE(can_implement(spec, tc, sm90()));
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    auto bf16s = [&](size_t n) {
+      std::vector<uint16_t> x(n);
+      for (auto& e : x) e = to_bf16(n01(rng));
+      return x;
+    };
+    const auto q = bf16s(size_t(total) * heads * d), k = bf16s(size_t(total) * heads * d);
+    const auto v = bf16s(size_t(total) * heads * dv);
+    const std::vector<float> params = init_params(spec, heads, 3);
+    std::vector<float> S0(size_t(B) * heads * D * dv), z0(size_t(B) * heads * D);
+    // Magnitudes of a state some hundred tokens in (phi > 0 for luna).
+    for (float& e : S0) e = 20.0f * n01(rng);
+    for (float& e : z0) e = 100.0f * (1.0f + std::abs(n01(rng)));
+    const std::vector<float>* s0 = causal ? &S0 : nullptr;
+    const std::vector<float>* zz = causal ? &z0 : nullptr;
+    const Outputs want = run(spec, scalar, cu, heads, q, k, v, params, s0, zz);
+    const Outputs got = run(spec, tc, cu, heads, q, k, v, params, s0, zz);
+    const double e_o = rel_rms(got.o, want.o);
+    std::printf("packed %s: mma vs scalar rel rms o %.3e", causal ? "causal+state" : "non-causal", e_o);
+    EXPECT_LE(e_o, 1e-2);
+    if (causal) {
+      const double e_S = rel_rms(got.S, want.S), e_z = rel_rms(got.z, want.z);
+      std::printf(", final S %.3e, z %.3e", e_S, e_z);
+      EXPECT_LE(e_S, 1e-2);
+      EXPECT_LE(e_z, 1e-2);
+      // The state matters: without it the output and the final state differ by far more.
+      const Outputs fresh = run(spec, tc, cu, heads, q, k, v, params, nullptr, nullptr);
+      EXPECT_GT(rel_rms(fresh.o, want.o), 10 * e_o + 1e-2);
+      EXPECT_GT(rel_rms(S0, want.S), 1e-2);  // and the walk moved it
+    }
+    std::printf("\n");
+  }
 }
 
 // The sanitizers find nothing, and the result is bitwise the same under both

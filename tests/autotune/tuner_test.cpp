@@ -15,7 +15,7 @@
 #include <map>
 #include <set>
 
-#include "autotune/cost_model.h"
+#include "codegen/cost_model.h"
 #include "autotune/tuner.h"
 #include "cache/binary_cache.h"
 #include "codegen/generator.h"
@@ -235,6 +235,61 @@ TEST(TunerSelection, FastestCorrectWinsAndWrongButFastIsRejected) {
     }
 }
 
+// Quick tune: the cost model ranks the candidates first and only its best
+// top_k per shape are compiled, checked and timed; the rest are listed as
+// pruned and cannot win; exhaustive takes them all.
+TEST(TunerSelection, QuickTuneCompilesOnlyTheModelsTopK) {
+  TempDir dir;
+  TuningDb db(dir.path(), model_fingerprint(sm90()));
+  TuneOptions opt;
+  opt.arch = sm90();
+  opt.shapes = {{2, 4, 512}};
+  opt.passes = {Pass::forward};
+  opt.max_candidates = 4;
+  opt.top_k = 2;
+  opt.check_options.shape = {1, 2, 40};
+  opt.retune = true;
+  const AttentionSpec spec = relu_spec();
+  const auto space = Tuner(db, host(), opt).candidates(spec, Pass::forward);
+  ASSERT_GE(space.size(), 4u);
+  // The model's order at the shape (64 registers assumed, as in the tuner).
+  std::vector<std::pair<double, size_t>> ranked;
+  for (size_t i = 0; i < space.size(); ++i)
+    ranked.push_back({predict_pass(spec, space[i], Pass::forward, opt.shapes[0], *representative_gpu(90), sm90())
+                          .value_or_throw()
+                          .ms,
+                      i});
+  std::stable_sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  std::set<std::string> best{space[ranked[0].second].to_string(), space[ranked[1].second].to_string()};
+
+  auto r = Tuner(db, host(), opt).tune(spec);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->size(), 1u);
+  const TuneResult& t = (*r)[0];
+  EXPECT_EQ(t.space_size, space.size());
+  EXPECT_EQ(t.pruned, space.size() - 2);
+  EXPECT_EQ(t.candidates.size(), space.size());  // the pruned are listed too
+  std::set<std::string> tried;
+  for (const CandidateResult& c : t.candidates) {
+    if (c.status.rfind("pruned (model rank ", 0) == 0) {
+      EXPECT_FALSE(c.compiled) << c.config.to_string();
+      EXPECT_GT(c.model_ms, 0);
+    } else {
+      EXPECT_TRUE(c.compiled && c.correct) << c.config.to_string() << ": " << c.status;
+      tried.insert(c.config.to_string());
+    }
+  }
+  EXPECT_EQ(tried, best);
+  EXPECT_TRUE(best.count(t.chosen.to_string())) << t.chosen.to_string();
+
+  // Exhaustive: every candidate is compiled and checked.
+  opt.exhaustive = true;
+  auto all = Tuner(db, host(), opt).tune(spec);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  EXPECT_EQ((*all)[0].pruned, 0u);
+  for (const CandidateResult& c : (*all)[0].candidates) EXPECT_TRUE(c.compiled) << c.status;
+}
+
 TEST(TunerSelection, SecondTuneIsServedFromTheDatabaseWithZeroCompiles) {
   TempDir dir;
   TuningDb db(dir.path(), model_fingerprint(sm90()));
@@ -366,8 +421,8 @@ TEST(CostModel, PrefersOnePhiPerTokenWhenComputeBound) {
   const GpuSpec* h100 = representative_gpu(90);
   ASSERT_NE(h100, nullptr);
   const ProblemShape big{4, 8, 4096};
-  auto one = estimate_cost(s, TileConfig(64, 4, 64, 64, 4), Pass::forward, big, *h100, sm90());
-  auto eight = estimate_cost(s, TileConfig(64, 4, 8, 64, 4), Pass::forward, big, *h100, sm90());
+  auto one = predict_pass(s, TileConfig(64, 4, 64, 64, 4), Pass::forward, big, *h100, sm90());
+  auto eight = predict_pass(s, TileConfig(64, 4, 8, 64, 4), Pass::forward, big, *h100, sm90());
   ASSERT_TRUE(one.ok() && eight.ok());
   EXPECT_LT(one->ms, eight->ms) << "dv_block 8 recomputes phi 8 times";
   EXPECT_GT(one->ms, 0.0);

@@ -172,7 +172,7 @@ def test_host_kernel_path_forward_and_backward():
 
 # key_mask, grouped-query attention and cross-attention (docs/MATH.md, "Padding,
 # GQA, cross-attention"). fp64 so that the equalities hold to ~1e-12.
-MASKABLE = sorted(n for n in SPECS if n != "cosformer")
+MASKABLE = sorted(SPECS)  # cosformer and causal performer by packing (cu_seqlens)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -184,10 +184,6 @@ def test_key_mask_padded_batch_equals_per_sequence_calls(name, causal):
     keep = torch.zeros(3, 6, dtype=torch.bool)  # True = real key (fla's attention_mask)
     keep[0], keep[1, :3], keep[2, 4:] = True, True, True  # full, right-padded, left-padded
     run = lambda q, k, v, m=None: lunajit.linear_attention(q, k, v, spec=spec, params=p, chunk=4, key_mask=m)  # noqa
-    if causal and name == "performer":
-        with pytest.raises(RuntimeError, match="key_mask is not supported for causal performer"):
-            run(q, k, v, keep)
-        return
     o = run(q, k, v, keep)
     for b, (s, n) in enumerate([(0, 6), (0, 3), (4, 2)]):
         want = run(q[b:b + 1, s:s + n], k[b:b + 1, s:s + n], v[b:b + 1, s:s + n])
@@ -202,10 +198,9 @@ def test_key_mask_padded_batch_equals_per_sequence_calls(name, causal):
 def test_key_mask_rejections():
     q, k, v = inputs(2, 5, 2, D, DV, torch.float32)
     keep = torch.ones(2, 5, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="key_mask is not supported for family cosformer"):
-        lunajit.linear_attention(q, k, v, family="cosformer", key_mask=keep)
-    with pytest.raises(RuntimeError, match="key_mask is supported on path aten only"):
-        lunajit.linear_attention(q, k, v, family="elu", key_mask=keep, path="host_kernels")
+    with pytest.raises(RuntimeError, match="give key_mask or cu_seqlens, not both"):
+        lunajit.linear_attention(q[:1], k[:1], v[:1], family="elu", key_mask=keep[:1],
+                                 cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
     with pytest.raises(RuntimeError, match="key_mask must be bool"):
         lunajit.linear_attention(q, k, v, family="elu", key_mask=keep.float())
 
@@ -256,3 +251,46 @@ def test_library_matches_the_running_torch():
     assert base(info["torch_version"]) == base(torch.__version__)
     assert lunajit.LIBRARY_PATH.endswith("liblunajit_torch.so")
     assert info["lunajit_version"] == lunajit.__version__
+
+
+@pytest.mark.parametrize("path", ["aten", "host_kernels"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", ["luna", "cosformer", "performer"])
+def test_cu_seqlens_packed_equals_per_sequence_calls(name, causal, path):
+    # fla's convention: q, k, v [1, total_tokens, heads, dim], int32 offsets; lengths 3, 0, 1, 5.
+    spec = spec_of(name, causal)
+    lengths = [3, 0, 1, 5]
+    cu = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)
+    q, k, v = inputs(1, 9, 2, D, DV, torch.float32, seed=11)
+    p = params_of(spec, 2)
+    if p is not None:
+        p = p.clone().requires_grad_(name == "luna")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn(1, 9, 2, DV, generator=torch.Generator().manual_seed(12))
+    o = lunajit.linear_attention(*leaves, spec=spec, params=p, path=path, cu_seqlens=cu)
+    grads = torch.autograd.grad((o * dout).sum(), leaves + ([p] if name == "luna" else []))
+    want_dp = 0
+    for s, n in zip(cu[:-1].tolist(), lengths):
+        if n == 0:
+            continue
+        one = [t[:, s:s + n].detach().clone().requires_grad_() for t in (q, k, v)]
+        ow = lunajit.linear_attention(*one, spec=spec, params=p, path=path)
+        gw = torch.autograd.grad((ow * dout[:, s:s + n]).sum(), one + ([p] if name == "luna" else []))
+        assert torch.allclose(o[:, s:s + n], ow, atol=2e-5, rtol=2e-4)
+        for g, w in zip(grads[:3], gw[:3]):
+            assert torch.allclose(g[:, s:s + n], w, atol=2e-5, rtol=2e-4)
+        if name == "luna":
+            want_dp = want_dp + gw[3]
+    if name == "luna":
+        assert torch.allclose(grads[3], want_dp, atol=2e-5, rtol=2e-4)
+
+
+def test_cu_seqlens_rejections():
+    q, k, v = inputs(1, 5, 2, D, DV, torch.float32)
+    run = lambda cu, **kw: lunajit.linear_attention(q, k, v, family="elu", cu_seqlens=cu, **kw)  # noqa
+    with pytest.raises(RuntimeError, match="cu_seqlens must be int32"):
+        run(torch.tensor([0, 5]))
+    with pytest.raises(RuntimeError, match=re.escape("cu_seqlens[1] = 4, must equal the total tokens q.size(1) = 5")):
+        run(torch.tensor([0, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seqlens needs head_first=False"):
+        run(torch.tensor([0, 5], dtype=torch.int32), head_first=True)

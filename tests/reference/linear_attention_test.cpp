@@ -298,5 +298,73 @@ TEST(LinearAttention, RejectsWrongSizes) {
   EXPECT_NE(s.error().message.find("stabilizers"), std::string::npos) << s.error().message;
 }
 
+// Packed variable-length batches: sequences of equal length packed as
+// [1, B*N, H, *] with cu_seqlens {0, N, 2N, ...} are the contiguous batch
+// [B, N, H, *] itself, so the varlen reference (one call per sequence) must
+// equal the batched one (one call over the batch): forward, dq, dk, dv and the
+// summed dparams, to double rounding (1e-12 relative: only the order of the
+// parameter-gradient sums over sequences differs). Causal and not, every
+// family the small specs cover (cosformer: N is each sequence's length, which
+// is the batch's N here).
+TEST(LinearAttentionVarlen, EqualLengthsEqualTheBatch) {
+  for (Family f : kAllFamilies)
+    for (bool causal : {false, true}) {
+      AttentionSpec spec = small_spec(f);
+      spec.causal = causal;
+      const Problem p = make_problem(spec, {3, 4, 2}, 17);
+      const std::vector<int> cu = {0, 4, 8, 12};
+      auto batched = linear_attention_forward(spec, p.shape, p.q, p.k, p.v, p.params);
+      auto packed = linear_attention_forward_varlen(spec, 2, cu, p.q, p.k, p.v, p.params);
+      ASSERT_TRUE(batched.ok() && packed.ok()) << to_string(f);
+      std::vector<double> diff(batched->out.size());
+      for (size_t i = 0; i < diff.size(); ++i) diff[i] = packed->out[i] - batched->out[i];
+      EXPECT_LE(max_abs(diff), 1e-12 * (1 + max_abs(batched->out))) << to_string(f) << " o";
+      const std::vector<double> dout(p.v.begin(), p.v.end());
+      auto gb = linear_attention_backward(spec, p.shape, p.q, p.k, p.v, p.params, dout);
+      auto gp = linear_attention_backward_varlen(spec, 2, cu, p.q, p.k, p.v, p.params, dout);
+      ASSERT_TRUE(gb.ok() && gp.ok()) << to_string(f);
+      const std::pair<const std::vector<double>*, const std::vector<double>*> pairs[] = {
+          {&gp->dq, &gb->dq}, {&gp->dk, &gb->dk}, {&gp->dv, &gb->dv}, {&gp->dparams, &gb->dparams}};
+      const char* names[] = {"dq", "dk", "dv", "dparams"};
+      for (int i = 0; i < 4; ++i) {
+        const auto& [a, b] = pairs[i];
+        ASSERT_EQ(a->size(), b->size());
+        std::vector<double> d(a->size());
+        for (size_t j = 0; j < d.size(); ++j) d[j] = (*a)[j] - (*b)[j];
+        EXPECT_LE(max_abs(d), 1e-12 * (1 + max_abs(*b))) << to_string(f) << (causal ? " causal " : " ") << names[i];
+      }
+    }
+}
+
+// Sequences of length 0 write nothing and cost nothing; a length-1 sequence of a
+// normalized family is its value row (one key: o = v (a / (a + eps)), a = phi(q).phi(k)).
+TEST(LinearAttentionVarlen, LengthZeroAndOne) {
+  AttentionSpec spec = small_spec(Family::elu);  // phi > 0: a > 0
+  const Problem p = make_problem(spec, {1, 3, 2}, 18);
+  const std::vector<int> cu = {0, 0, 1, 1, 3};
+  auto r = linear_attention_forward_varlen(spec, 2, cu, p.q, p.k, p.v, p.params);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const int dv = spec.value_dim;
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < dv; ++c) {
+      const double v = p.v[h * dv + c], o = r->out[h * dv + c];
+      EXPECT_NEAR(o, v, 1e-4 * (1 + std::abs(v))) << "token 0 head " << h;  // eps / a relative
+    }
+}
+
+TEST(LinearAttentionVarlen, RejectsBadOffsets) {
+  const AttentionSpec spec = small_spec(Family::elu);
+  const Problem p = make_problem(spec, {1, 4, 2}, 19);
+  auto msg = [&](std::vector<int> cu) {
+    auto r = linear_attention_forward_varlen(spec, 2, cu, p.q, p.k, p.v, p.params);
+    return r.ok() ? std::string("accepted") : r.error().message;
+  };
+  EXPECT_EQ(msg({}), "cu_seqlens: needs num_seqs + 1 >= 1 offsets, got an empty array");
+  EXPECT_EQ(msg({1, 4}), "cu_seqlens[0] = 1, must be 0");
+  EXPECT_EQ(msg({0, 3, 2, 4}), "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 2 < cu_seqlens[1] = 3");
+  EXPECT_EQ(msg({0, 3}), "cu_seqlens[1] = 3, must equal the total tokens 4");
+  EXPECT_EQ(msg({0, 1, 4}), "accepted");
+}
+
 }  // namespace
 }  // namespace lunajit::reference::testing

@@ -23,9 +23,10 @@
 #include "autotune/tuner.h"
 #include "cache/binary_cache.h"
 #include "cache/tuning_db.h"
-#include "report/cost_model.h"
+#include "codegen/cost_model.h"
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
+#include "report/ptx_census.h"
 #include "report/render.h"
 #include "report/report_reader.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -55,7 +56,7 @@ struct HandCase {
   double fm_bytes, fm_flops, state_bytes, state_flops, output_bytes, output_flops, causal_bytes, causal_flops;
 };
 
-// Worked by hand from the formulas in report/cost_model.h.
+// Worked by hand from the formulas in codegen/cost_model.h.
 // Shape A: B 2, H 4, N 128: BH = 8, nt = 2, two full chunks.
 //   params 4 * 1160 * 4 = 18560 B
 //   feature_map: 8*128*64*2 + 4*8*128*64 + 18560 = 411776 B; 8*128*10880 = 11141120 FLOPs
@@ -82,18 +83,18 @@ TEST(CostModel, HandComputedBytesAndFlops) {
   AttentionSpec spec = default_spec(Family::luna);
   for (const HandCase& h : kHandCases) {
     SCOPED_TRACE(fmt::format("shape {},{},{}", h.shape.batch, h.shape.heads, h.shape.seq));
-    auto fm = kernel_cost(spec, kConfig, Pass::feature_map, "feature_map", h.shape).value_or_throw();
+    auto fm = kernel_counts(spec, kConfig, Pass::feature_map, "feature_map", h.shape).value_or_throw();
     EXPECT_EQ(fm.bytes, h.fm_bytes);
     EXPECT_EQ(fm.flops, h.fm_flops);
-    auto st = kernel_cost(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
+    auto st = kernel_counts(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
     EXPECT_EQ(st.bytes, h.state_bytes);
     EXPECT_EQ(st.flops, h.state_flops);
-    auto out = kernel_cost(spec, kConfig, Pass::forward, "output", h.shape).value_or_throw();
+    auto out = kernel_counts(spec, kConfig, Pass::forward, "output", h.shape).value_or_throw();
     EXPECT_EQ(out.bytes, h.output_bytes);
     EXPECT_EQ(out.flops, h.output_flops);
     AttentionSpec causal = spec;
     causal.causal = true;
-    auto cc = kernel_cost(causal, kConfig, Pass::forward, "causal_chunk", h.shape).value_or_throw();
+    auto cc = kernel_counts(causal, kConfig, Pass::forward, "causal_chunk", h.shape).value_or_throw();
     EXPECT_EQ(cc.bytes, h.causal_bytes);
     EXPECT_EQ(cc.flops, h.causal_flops);
   }
@@ -106,7 +107,7 @@ struct BackwardHandCase {
   double reduce_bytes, reduce_flops, causal_reduce_bytes, causal_reduce_flops;
 };
 
-// Worked by hand from the backward formulas in report/cost_model.h, same spec and
+// Worked by hand from the backward formulas in codegen/cost_model.h, same spec and
 // config as above (normalized, learned params, P = 1160, part = D dv + D = 4160):
 //   F = 10880 (q and k alike), J = 2F = 21760 (the estimate), den row 2D + 1 = 129,
 //   grad row 3dv + 2 = 194.
@@ -161,7 +162,7 @@ TEST(CostModel, BackwardHandComputedBytesAndFlops) {
     SCOPED_TRACE(fmt::format("shape {},{},{}", h.shape.batch, h.shape.heads, h.shape.seq));
     auto expect = [&](const AttentionSpec& sp, const char* role, double bytes, double flops) {
       SCOPED_TRACE(role);
-      auto k = kernel_cost(sp, kConfig, Pass::backward, role, h.shape).value_or_throw();
+      auto k = kernel_counts(sp, kConfig, Pass::backward, role, h.shape).value_or_throw();
       EXPECT_EQ(k.bytes, bytes);
       EXPECT_EQ(k.flops, flops);
     };
@@ -173,8 +174,8 @@ TEST(CostModel, BackwardHandComputedBytesAndFlops) {
     expect(causal, "causal_dkv", h.causal_dkv_bytes, h.causal_dkv_flops);
     expect(causal, "param_reduce", h.causal_reduce_bytes, h.causal_reduce_flops);
     // The backward's state pass is the forward's.
-    auto fwd = kernel_cost(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
-    auto bwd = kernel_cost(spec, kConfig, Pass::backward, "state", h.shape).value_or_throw();
+    auto fwd = kernel_counts(spec, kConfig, Pass::forward, "state", h.shape).value_or_throw();
+    auto bwd = kernel_counts(spec, kConfig, Pass::backward, "state", h.shape).value_or_throw();
     EXPECT_EQ(fwd.bytes, bwd.bytes);
     EXPECT_EQ(fwd.flops, bwd.flops);
   }
@@ -182,19 +183,19 @@ TEST(CostModel, BackwardHandComputedBytesAndFlops) {
 
 TEST(CostModel, UnknownKernelsHaveNoFormula) {
   const AttentionSpec spec = default_spec(Family::luna);
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "mystery", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "mystery", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "key_stab", {1, 1, 8}));  // not performer
-  EXPECT_TRUE(kernel_cost(default_spec(Family::performer), kConfig, Pass::forward, "key_stab", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::forward, "mystery", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::backward, "mystery", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::forward, "key_stab", {1, 1, 8}));  // not performer
+  EXPECT_TRUE(kernel_counts(default_spec(Family::performer), kConfig, Pass::forward, "key_stab", {1, 1, 8}));
   // Backward kernels exist only in the backward pass, and the forward-only ones not there.
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::forward, "dq", {1, 1, 8}));
-  EXPECT_FALSE(kernel_cost(spec, kConfig, Pass::backward, "output", {1, 1, 8}));
-  EXPECT_TRUE(kernel_cost(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::forward, "dq", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(spec, kConfig, Pass::backward, "output", {1, 1, 8}));
+  EXPECT_TRUE(kernel_counts(spec, kConfig, Pass::backward, "dq", {1, 1, 8}));
   // param_reduce only for a family that learns parameters; key_stab in the backward as in the forward.
-  EXPECT_FALSE(kernel_cost(default_spec(Family::elu), kConfig, Pass::backward, "param_reduce", {1, 1, 8}));
+  EXPECT_FALSE(kernel_counts(default_spec(Family::elu), kConfig, Pass::backward, "param_reduce", {1, 1, 8}));
   const AttentionSpec perf = default_spec(Family::performer);
-  auto fwd = kernel_cost(perf, kConfig, Pass::forward, "key_stab", {1, 2, 8}).value_or_throw();
-  auto bwd = kernel_cost(perf, kConfig, Pass::backward, "key_stab", {1, 2, 8}).value_or_throw();
+  auto fwd = kernel_counts(perf, kConfig, Pass::forward, "key_stab", {1, 2, 8}).value_or_throw();
+  auto bwd = kernel_counts(perf, kConfig, Pass::backward, "key_stab", {1, 2, 8}).value_or_throw();
   EXPECT_EQ(fwd.bytes, bwd.bytes);
   EXPECT_EQ(fwd.flops, bwd.flops);
 }
@@ -205,26 +206,12 @@ TEST(CostModel, EveryBackwardKernelOfEveryFamilyHasAFormula) {
       AttentionSpec spec = default_spec(f);
       spec.causal = c;
       for (const std::string& role : kernel_roles(spec, Pass::backward)) {
-        auto k = kernel_cost(spec, kConfig, Pass::backward, role, {1, 2, 100});
+        auto k = kernel_counts(spec, kConfig, Pass::backward, role, {1, 2, 100});
         ASSERT_TRUE(k) << to_string(f) << " " << role << ": " << k.error().message;
         EXPECT_GT(k->bytes, 0) << role;
         EXPECT_GT(k->flops, 0) << role;
       }
     }
-}
-
-TEST(CostModel, RooflineTakesTheSlowerLimb) {
-  const GpuSpec* h100 = find_gpu("h100");
-  ASSERT_NE(h100, nullptr);
-  // 3.35e12 B/s, 67e12 FLOP/s: 3.35 GB takes 1 ms; 67 GFLOP takes 1 ms.
-  auto t = roofline_time({3.35e9, 6.7e9}, *h100);
-  EXPECT_NEAR(t.memory_ms, 1.0, 1e-12);
-  EXPECT_NEAR(t.compute_ms, 0.1, 1e-12);
-  EXPECT_EQ(t.time_ms, t.memory_ms);
-  EXPECT_EQ(t.bound, "memory");
-  t = roofline_time({3.35e9, 6.7e11}, *h100);
-  EXPECT_NEAR(t.time_ms, 10.0, 1e-9);
-  EXPECT_EQ(t.bound, "compute");
 }
 
 // ------------------------------------------------------------------ occupancy
@@ -263,6 +250,58 @@ TEST(Occupancy, EachLimit) {
   EXPECT_EQ(o.blocks_per_sm, 0);
 }
 
+// ------------------------------------------------------------------ PTX census
+TEST(PtxCensus, CountsEachKindInTheNamedEntryOnly) {
+  const std::string ptx = R"(
+.version 8.8
+.target sm_90
+.visible .entry _Zother(
+	.param .u64 p
+)
+{
+	fma.rn.f32 	%f1, %f2, %f3, %f4;
+}
+.visible .entry _Zmine(
+	.param .u64 p
+)
+{
+	.reg .f32 	%f<9>;
+	// fma.rn.f32 in a comment is not an instruction
+$L__BB0_1:
+	ld.global.nc.v4.f32 	{%f1, %f2, %f3, %f4}, [%rd1];
+	@%p1 ld.shared.f32 	%f5, [%r1];
+	@!%p2 ld.shared.v2.f32 	{%f6, %f7}, [%r2];
+	st.shared.f32 	[%r3], %f5;
+	fma.rn.f32 	%f8, %f5, %f6, %f8;
+	fma.rn.ftz.f32 	%f8, %f5, %f7, %f8;
+	{
+	mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1, %f2, %f3, %f4}, {%r4, %r5, %r6, %r7}, {%r8, %r9}, {%f1, %f2, %f3, %f4};
+	}
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r4, %r5, %r6, %r7}, [%r10];
+	cp.async.cg.shared.global [%r11], [%rd2], 16;
+	cp.async.commit_group;
+	cp.async.wait_group 0;
+	ex2.approx.ftz.f32 	%f1, %f1;
+	rcp.rn.f32 	%f2, %f2;
+	st.global.f32 	[%rd3], %f8;
+	ret;
+}
+)";
+  const PtxCensus c = ptx_census(ptx, "_Zmine");
+  ASSERT_TRUE(c.found);
+  EXPECT_EQ(c.fma, 2);
+  EXPECT_EQ(c.ld_global, 1);
+  EXPECT_EQ(c.ld_shared, 2);
+  EXPECT_EQ(c.st_shared, 1);
+  EXPECT_EQ(c.st_global, 1);
+  EXPECT_EQ(c.mma, 1);
+  EXPECT_EQ(c.ldmatrix, 1);
+  EXPECT_EQ(c.cp_async, 1);  // the copy, not the commit or the wait
+  EXPECT_EQ(c.sfu, 2);
+  EXPECT_EQ(ptx_census(ptx, "_Zother").fma, 1);
+  EXPECT_FALSE(ptx_census(ptx, "_Zmissing").found);
+}
+
 TEST(Shapes, ParseAndReject) {
   auto s = parse_shapes("2,8,1024;1,16,4096").value_or_throw();
   ASSERT_EQ(s.size(), 2u);
@@ -295,11 +334,25 @@ class ReportFiles : public ::testing::Test {
     // One directory per process: ctest runs each test as its own process, in parallel.
     dir_ = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("default-{}", ::getpid());
     fs::remove_all(dir_);
+    // The tests expect default (untuned) configs: the report reads the tuning
+    // database under LUNAJIT_CACHE_DIR, which a user's or another test's tune
+    // may have filled, so it gets an empty one; compiled kernels still come
+    // from (and go to) the usual binary cache.
+    static BinaryCache binaries(BinaryCache::default_dir());
+    const fs::path empty_cache = dir_ / "empty-cache";
+    fs::create_directories(empty_cache);
+    fs::permissions(empty_cache, fs::perms::owner_all);
+    const char* old_env = std::getenv("LUNAJIT_CACHE_DIR");
+    const std::string old_dir = old_env != nullptr ? old_env : "";
+    ::setenv("LUNAJIT_CACHE_DIR", empty_cache.c_str(), 1);
     ReportOptions opt;
+    opt.cache = &binaries;
     for (int sm : {80, 90, 100}) opt.archs.push_back(arch_from_sm(sm).value_or_throw());
     opt.shapes = parse_shapes("2,4,128;1,2,100;1,8,1024;1,8,4096").value_or_throw();
     opt.measure_repeats = 5;
     auto r = build_report(default_spec(Family::luna), opt);
+    if (old_env != nullptr) ::setenv("LUNAJIT_CACHE_DIR", old_dir.c_str(), 1);
+    else ::unsetenv("LUNAJIT_CACHE_DIR");
     ASSERT_TRUE(r) << r.error().message;
     report_ = *r;
     ASSERT_TRUE(write_report(report_, dir_));
@@ -391,11 +444,17 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
     AttentionSpec spec = default_spec(Family::luna);
     spec.causal = k["causal"].get<bool>();
     const ProblemShape shape{k["shape"]["batch"], k["shape"]["heads"], k["shape"]["seq"]};
-    const auto cost = kernel_cost(spec, config, parse_pass(k["pass"].get<std::string>()).value_or_throw(),
+    const auto cost = kernel_counts(spec, config, parse_pass(k["pass"].get<std::string>()).value_or_throw(),
                                   k["kernel"].get<std::string>(), shape)
                           .value_or_throw();
     EXPECT_EQ(k["cost"]["bytes"].get<double>(), cost.bytes);
     EXPECT_EQ(k["cost"]["flops"].get<double>(), cost.flops);
+    EXPECT_EQ(k["cost"]["shared_wavefronts"].get<double>(), cost.smem_wavefronts);
+    // The model's limiting resource, and the compiled kernel's PTX census.
+    EXPECT_FALSE(k["predicted"]["limiter"].get<std::string>().empty());
+    ASSERT_FALSE(k["ptx_census"].is_null()) << k["kernel"];
+    EXPECT_GT(k["ptx_census"]["ld_global"].get<int64_t>() + k["ptx_census"]["ld_shared"].get<int64_t>(), 0)
+        << k["kernel"] << ": a kernel that loads nothing";
   }
   EXPECT_EQ(archs, (std::set<std::string>{"sm_80", "sm_90", "sm_100"}));
   EXPECT_TRUE(roles.count("feature_map:feature_map"));

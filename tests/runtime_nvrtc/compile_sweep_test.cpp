@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/decode_source.h"
 #include "codegen/generator.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -140,6 +141,36 @@ INSTANTIATE_TEST_SUITE_P(Families, CompileSweepBackward,
                          [](const ::testing::TestParamInfo<std::tuple<Family, bool>>& info) {
                            return std::string(to_string(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_causal" : "_noncausal");
+                         });
+
+// The decode kernel (codegen/decode_source.h) of every family that can carry
+// state, fp32 and bf16, for sm_80 and sm_90: the source the host tests run,
+// compiled by NVRTC.
+class CompileSweepDecode : public ::testing::TestWithParam<Family> {};
+
+TEST_P(CompileSweepDecode, DecodeCompiles) {
+  for (DType t : {DType::fp32, DType::bf16}) {
+    AttentionSpec spec = default_spec(GetParam());
+    spec.causal = true;
+    spec.dtype = t;
+    for (int sm : {80, 90}) {
+      const Arch arch = arch_from_sm(sm).value_or_throw();
+      auto src = generate_decode(spec, default_config(spec, arch, Pass::forward));
+      ASSERT_TRUE(src.ok()) << src.error().message;
+      auto compiled = compile_nvrtc(*src, arch);
+      ASSERT_TRUE(compiled.ok()) << compiled.error().message;
+      const KernelResources* res = compiled->find("lunajit::decode_step_kernel<lunajit_gen::Kernel>");
+      ASSERT_NE(res, nullptr) << arch.name();
+      EXPECT_GT(res->registers, 0) << arch.name();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CompileSweepDecode,
+                         ::testing::Values(Family::luna, Family::rff, Family::elu, Family::relu, Family::t2r,
+                                           Family::hedgehog, Family::slay),
+                         [](const ::testing::TestParamInfo<Family>& info) {
+                           return std::string(to_string(info.param));
                          });
 
 TEST(CompileSweepCounts, CoverEveryFamilyCausalAndDtype) {

@@ -420,8 +420,8 @@ TEST_F(BadInputs, CrossAttentionAndKeyMaskWhereNotSupported) {
   LinearAttentionOptions masked;
   masked.key_mask = torch::ones({2, 5}, torch::kBool);
   EXPECT_NO_THROW(run(in.q, in.k, in.v, in.params, masked));
-  host.key_mask = masked.key_mask;
-  expect_rejected([&] { run(in.q, in.k, in.v, in.params, host); }, "key_mask is supported on path aten only");
+  host.key_mask = masked.key_mask;  // the kernel path serves key_mask by packing (varlen_test.cpp)
+  EXPECT_NO_THROW(run(in.q, in.k, in.v, in.params, host));
   masked.key_mask = torch::ones({2, 5});
   expect_rejected([&] { run(in.q, in.k, in.v, in.params, masked); }, "key_mask must be bool");
   masked.key_mask = torch::ones({2, 4}, torch::kBool);
@@ -430,11 +430,9 @@ TEST_F(BadInputs, CrossAttentionAndKeyMaskWhereNotSupported) {
 
 // ---- key padding, grouped-query attention, cross-attention -----------------
 
-// Every family but cosformer (position features) and causal performer (running
-// key stabiliser) supports key_mask; those two reject it.
-bool key_mask_supported(const AttentionSpec& s) {
-  return s.family != Family::cosformer && !(s.causal && s.family == Family::performer);
-}
+// Every family supports key_mask: cosformer (position features) and causal
+// performer (running key stabiliser) by packing the real tokens (cu_seqlens),
+// the others by zeroed feature rows.
 
 // Three sequences in a batch of length 6: full, right-padded to 3, left-padded to 2.
 constexpr int kPadN = 6;
@@ -460,10 +458,6 @@ TEST_P(KeyMask, PaddedBatchEqualsPerSequenceCalls) {
   auto op = [&](const LinearAttentionOptions& o) {
     return [&spec, o](Tensor q, Tensor k, Tensor v, Tensor p) { return linear_attention(q, k, v, p, spec, o); };
   };
-  if (!key_mask_supported(spec)) {
-    expect_rejected([&] { op(opt)(in.q, in.k, in.v, in.params); }, "key_mask is not supported for");
-    return;
-  }
   const auto got = value_and_grads(in, op(opt));
   LinearAttentionOptions plain;
   plain.chunk = 4;
@@ -485,7 +479,6 @@ TEST_P(KeyMask, PaddedBatchEqualsPerSequenceCalls) {
 
 TEST_P(KeyMask, MaskedKeysNeverInfluenceOutputs) {
   const AttentionSpec& spec = GetParam().spec;
-  if (!key_mask_supported(spec)) return;  // rejected: PaddedBatchEqualsPerSequenceCalls checks the message
   const Inputs in = random_inputs(spec, 3, kPadN, 2, torch::kFloat, 22);
   const Tensor keep = real_keys();
   const Tensor pad = keep.logical_not().reshape({3, kPadN, 1, 1});

@@ -1,8 +1,8 @@
-#include "report/occupancy.h"
+#include "codegen/occupancy.h"
 
 #include <algorithm>
 
-namespace lunajit::report {
+namespace lunajit {
 namespace {
 
 int64_t round_up(int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; }
@@ -46,4 +46,4 @@ Occupancy theoretical_occupancy(const Arch& a, const OccupancyInput& in) {
   return o;
 }
 
-}  // namespace lunajit::report
+}  // namespace lunajit

@@ -1,0 +1,411 @@
+#include "codegen/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "codegen/feature_params.h"
+#include "codegen/occupancy.h"
+
+namespace lunajit {
+namespace {
+
+
+// FLOPs of one element-wise function as templates/lunajit/feature_maps.cuh
+// writes it (special functions count 1, a division 1).
+double activation_flops(Activation a) {
+  switch (a) {
+    case Activation::relu: return 1;  // fmaxf
+    case Activation::gelu: return 5;  // 0.5 * x * (1 + erf(x c)): 3 mul, 1 add, erf
+    case Activation::silu: return 4;  // x / (1 + exp(-x)): neg, exp, add, div
+    case Activation::tanh: return 1;
+  }
+  return 1;
+}
+double output_activation_flops(OutputActivation a) {
+  switch (a) {
+    case OutputActivation::relu: return 1;
+    case OutputActivation::softplus: return 3;  // compare, exp, log1p
+    case OutputActivation::none: return 0;
+  }
+  return 0;
+}
+// luna bank_coef basis by l mod 8: sin, cos, tanh, sigmoid, relu, gelu, softplus, exp(-u^2/2).
+constexpr double kBankBasisFlops[8] = {1, 1, 1, 3, 1, 5, 3, 3};
+constexpr double kSigmoidFlops = 3;  // 1 / (1 + exp(-x)): exp, add, div
+
+double luna_flops(const AttentionSpec& s) {
+  const double d = s.head_dim, M = s.luna.projections, L = s.luna.channels, Hm = s.luna.mlp_width;
+  double f = 2 * d * M;  // u_i = w_i . x
+  switch (s.luna.variant) {
+    case LunaVariant::neural: {
+      const double act = activation_flops(s.luna.activation), out = output_activation_flops(s.luna.output_activation);
+      if (s.luna.shared_channels) f += M * (2 * Hm + act * Hm + 2 * Hm * L + out * L);
+      else f += M * L * (Hm * (4 + act) + out);
+      break;
+    }
+    case LunaVariant::bank_coef:
+      for (int l = 0; l < s.luna.channels; ++l) f += M * (kBankBasisFlops[l & 7] + 1);  // basis, coefficient
+      break;
+    case LunaVariant::rff: f += M * 2; break;  // cos, sin
+  }
+  f += M * L;                                      // gate * psi
+  if (s.luna.envelope) f += 2 * d + 2 + kSigmoidFlops;  // sigmoid(a . x + c) / sqrt(M)
+  return f;
+}
+
+// Performer's exponent omega^T x' - |x'|^2 / 2 for one row (log_features).
+double performer_log_flops(const AttentionSpec& s) {
+  const double d = s.head_dim, D = s.feature_dim();
+  return 2 * d + 3 + D * (2 * d + 2);
+}
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+// SFU results of phi for one row (the conventions in the header).
+double activation_sfu(Activation a) {
+  switch (a) {
+    case Activation::relu: return 0;
+    case Activation::gelu: return 1;
+    case Activation::silu: return 2;
+    case Activation::tanh: return 1;
+  }
+  return 0;
+}
+double feature_map_sfu_per_token(const AttentionSpec& s) {
+  const double d = s.head_dim, D = s.feature_dim();
+  switch (s.family) {
+    case Family::luna: {
+      const double M = s.luna.projections, L = s.luna.channels, Hm = s.luna.mlp_width;
+      const double out = s.luna.output_activation == OutputActivation::softplus ? 2 : 0;
+      double f = 0;
+      switch (s.luna.variant) {
+        case LunaVariant::neural:
+          f = (s.luna.shared_channels ? M * Hm : M * L * Hm) * activation_sfu(s.luna.activation) + M * L * out;
+          break;
+        case LunaVariant::bank_coef: f = M * L; break;
+        case LunaVariant::rff: f = 2 * M; break;
+      }
+      return f + (s.luna.envelope ? 2 : 0);
+    }
+    case Family::performer: return D;
+    case Family::rff: return 2.0 * s.rff.features;
+    case Family::hedgehog: return s.hedgehog.features;
+    case Family::slay: return double(s.slay.nodes) * s.slay.prf_features + s.slay.anchors;
+    case Family::cosformer: return 2 * d;
+    case Family::elu: return d;
+    case Family::relu: return 0;
+    case Family::t2r: return 0;
+  }
+  return 0;
+}
+
+// L1 wavefronts of phi's parameter (or operand) loads for one row: the header's
+// "lines" rule.
+double feature_map_wavefronts_per_token(const AttentionSpec& s, double F) {
+  const double d = s.head_dim, D = s.feature_dim();
+  switch (s.family) {
+    case Family::luna: {
+      const double M = s.luna.projections, proj = 2 * d * M;
+      return (proj / 2 * std::min(M, 32.0) + std::max(0.0, F - proj) / 2) / 32;
+    }
+    case Family::elu:
+    case Family::relu:
+    case Family::cosformer: return F / 2 / 32;
+    default: return F / 2 * std::min(D, 32.0) / 32;
+  }
+}
+
+// Where a kernel's FLOPs go, for the wavefront and tensor-core split.
+struct Split {
+  double fm = 0;          // phi (and its J^T): CUDA cores, parameter loads through L1
+  double product = 0;     // GEMM-shaped products (shared operands)
+  double conflicted = 0;  // of which on the 8-way conflicted causal tiles
+  double sfu = 0;         // SFU results
+};
+
+void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F) {
+  // fm_rows_F: feature-map FLOPs (the wavefront rule is per F FLOPs of phi).
+  const double fm_wave = F > 0 ? fm_rows_F / F * feature_map_wavefronts_per_token(s, F) : 0;
+  if (tensor) {
+    const double e = dtype_bytes(s.dtype);
+    k.tc_flops = sp.product;
+    k.tc_dtype = s.dtype;
+    k.cuda_flops = k.flops - sp.product;
+    k.smem_wavefronts = fm_wave + sp.product * e * 64 / (2 * 32 * 32) / 128;
+  } else {
+    k.tc_flops = 0;
+    k.cuda_flops = k.flops;
+    const double plain = sp.product - sp.conflicted;
+    k.smem_wavefronts = fm_wave + plain / 32 + sp.conflicted * 8 / 32;
+  }
+  k.sfu_ops = sp.sfu;
+}
+
+// Bytes and FLOPs of the backward kernels of templates/lunajit/linear_attention_backward.cuh
+// (dstate, dq, dkv, causal_dq, causal_dkv, param_reduce); formulas in the header.
+Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c, std::string_view role,
+                                     const ProblemShape& shape, bool tensor) {
+  const double BH = double(shape.batch) * shape.heads, N = shape.seq;
+  const double d = s.head_dim, dv = s.value_dim, D = s.feature_dim(), e = dtype_bytes(s.dtype);
+  const double splits = c.state_splits(), nt = ceil_div(N, c.block_tokens());
+  const bool learned = has_learned_params(s);
+  const double P = double(param_layout(s).per_head_floats), Hp = s.params_per_head ? shape.heads : 1;
+  const double params = 4.0 * P * Hp;
+  const double stab_read = s.family == Family::performer ? 4 * BH : 0;
+  const double Fq = feature_map_flops_per_token(s, true), Fk = feature_map_flops_per_token(s, false);
+  const double sfu_row = feature_map_sfu_per_token(s);
+  // The feature map's Jacobian-transpose product (dx and the parameter partial) per row:
+  // an estimate, 2F (see the header), not a count of the code.
+  const double Jq = 2 * Fq, Jk = 2 * Fk;
+  const double part = D * dv + D;           // floats of one split partial of (S, z) or (dS, dz)
+  const double partials = 4 * BH * splits * part;
+  const double norm = s.normalize ? 1 : 0;
+  const double den_row = norm * (2 * D + 1);     // phi(q) . z + eps
+  const double grad_row = norm * (3 * dv + 2);   // r = -(dO . o) / den, g = dO / den
+  KernelCounts k;
+  k.role = std::string(role);
+  Split sp;
+  if (role == "dstate") {
+    k.bytes = BH * N * (d + 2 * dv) * e + 4 * BH * splits * D + partials + params;
+    k.flops = BH * splits * splits * D + BH * N * (Fq + den_row + grad_row) + 2 * BH * N * D * dv + 2 * BH * N * D;
+    sp.fm = BH * N * Fq;
+    sp.product = BH * N * (den_row + 2 * D * dv + 2 * D);
+    sp.sfu = BH * N * (sfu_row + norm * (dv + 1));
+  } else if (role == "dq") {
+    k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + (learned ? 4 * P * BH * nt : 0);
+    k.flops = nt * BH * splits * part + BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
+    sp.fm = BH * N * (Fq + Jq);
+    sp.product = BH * N * (den_row + D * (2 * dv + norm));
+    sp.sfu = BH * N * (3 * sfu_row + norm * (dv + 1));
+  } else if (role == "dkv") {
+    k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + stab_read + (learned ? 4 * P * BH * nt : 0);
+    k.flops = nt * BH * splits * part + BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
+    sp.fm = BH * N * (Fk + Jk);
+    sp.product = BH * N * 4 * D * dv;
+    sp.sfu = BH * N * 3 * sfu_row;
+  } else if (role == "causal_dq" || role == "causal_dkv") {
+    const bool dq = role == "causal_dq";
+    k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params + stab_read +
+              (learned ? 4 * P * BH : 0);
+    // Per chunk of cc tokens: see the header. Returns {all, phi, conflicted tiles}.
+    auto chunk_flops = [&](double cc, Split& acc) {
+      const double tri = cc * (cc + 1) / 2;
+      double f = cc * (Fq + Fk) + tri * 2 * D + tri * (2 * dv + 1) + cc * grad_row + 2 * D * dv * cc;
+      double fm = cc * (Fq + Fk);
+      if (dq) {
+        f += cc * den_row + norm * tri + cc * D * (2 * dv + norm) + 2 * D * tri + D * cc + cc * Jq;
+        fm += cc * Jq;
+      } else {
+        f += cc * D * 2 * dv + 2 * D * tri + cc * dv * 2 * D + 2 * dv * tri + 2 * D * cc + cc * Jk;
+        fm += cc * Jk;
+      }
+      acc.fm += fm;
+      acc.conflicted += 4 * D * tri;  // A and dphi on the 256-byte-stride tiles
+      acc.product += f - fm - cc * grad_row;
+      acc.sfu += cc * (4 * sfu_row + norm * (dv + 1));
+      return f;
+    };
+    const double C = c.chunk(), full = std::floor(N / C), rest = N - full * C;
+    Split one, tail;
+    const double f_full = chunk_flops(C, one), f_rest = rest > 0 ? chunk_flops(rest, tail) : 0;
+    k.flops = BH * (full * f_full + f_rest);
+    sp.fm = BH * (full * one.fm + tail.fm);
+    sp.product = BH * (full * one.product + tail.product);
+    sp.conflicted = BH * (full * one.conflicted + tail.conflicted);
+    sp.sfu = BH * (full * one.sfu + tail.sfu);
+    k.serial_steps = ceil_div(N, C);
+  } else {  // param_reduce
+    if (!learned) return Error::invalid("param_reduce: this feature map learns no parameters");
+    const double slots = 2 * BH * (s.causal ? 1 : nt);
+    k.bytes = 4 * P * slots + 4 * P * Hp;
+    k.flops = P * slots;
+  }
+  finish(k, sp, s, tensor, sp.fm, Fq);
+  return k;
+}
+
+}  // namespace
+
+bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  // TileConfig::mma: the non-causal forward's state and output products of a
+  // bf16/fp16 spec on mma.sync (templates/lunajit/linear_attention_mma.cuh);
+  // the feature map stays on CUDA cores. Every other kernel is scalar.
+  return config.mma() && pass == Pass::forward && !spec.causal && spec.dtype != DType::fp32;
+}
+
+double feature_map_flops_per_token(const AttentionSpec& s, bool is_query) {
+  const double d = s.head_dim, D = s.feature_dim();
+  switch (s.family) {
+    case Family::luna: return luna_flops(s);
+    case Family::performer: return performer_log_flops(s) + (is_query ? D : 0) + 4 * D;
+    case Family::rff: return s.rff.features * (2 * d + 4);
+    case Family::elu: return 2 * d;
+    case Family::relu: return d;
+    case Family::t2r: return D * (2 * d + 2);
+    case Family::hedgehog: return s.hedgehog.features * (2 * d + 11) + 2;
+    case Family::cosformer: return 7 * d;
+    case Family::slay: {
+      const double P = s.slay.anchors, R = s.slay.nodes, M = s.slay.prf_features;
+      return 2 * d + 2 + P * (2 * d + 3) + R * M * (2 * d + 7) + 3 * D;
+    }
+  }
+  return 0;
+}
+
+Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, Pass pass, std::string_view role,
+                                   const ProblemShape& shape) {
+  if (auto st = validate(shape); !st) return st.error();
+  const bool backward_role = role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
+                             role == "causal_dkv" || role == "param_reduce";
+  const bool forward_only_role = role == "feature_map" || role == "output" || role == "causal_chunk";
+  if (backward_role && pass != Pass::backward)
+    return Error::invalid(fmt::format("{}: a backward kernel (pass = backward)", role));
+  if (forward_only_role && pass == Pass::backward)
+    return Error::invalid(fmt::format("backward {}: the backward pass has no such kernel", role));
+  const bool tensor = uses_tensor_cores(s, c, pass);
+  if (backward_role) return backward_counts(s, c, role, shape, tensor);
+  const double BH = double(shape.batch) * shape.heads, N = shape.seq;
+  const double d = s.head_dim, dv = s.value_dim, D = s.feature_dim(), e = dtype_bytes(s.dtype);
+  const double nd = ceil_div(dv, c.dv_block()), splits = c.state_splits();
+  const double params = 4.0 * param_layout(s).per_head_floats * (s.params_per_head ? shape.heads : 1);
+  const bool performer = s.family == Family::performer;
+  const double stab_read = performer ? 4 * BH : 0;
+  const double Fq = feature_map_flops_per_token(s, true), Fk = feature_map_flops_per_token(s, false);
+  const double sfu_row = feature_map_sfu_per_token(s);
+  const double norm = s.normalize ? 1 : 0;
+  const double partials = 4 * BH * splits * (D * dv + D);
+  KernelCounts k;
+  k.role = std::string(role);
+  Split sp;
+  if (role == "feature_map") {
+    k.bytes = BH * N * d * e + 4 * BH * N * D + params + stab_read;
+    k.flops = BH * N * Fk;
+    sp.fm = k.flops;
+    sp.sfu = BH * N * sfu_row;
+  } else if (role == "key_stab") {
+    if (!performer) return Error::invalid("key_stab: only performer has a key stabiliser kernel");
+    k.bytes = BH * N * d * e + 4 * BH + params;
+    k.flops = BH * N * (performer_log_flops(s) + D);
+    sp.fm = k.flops;
+  } else if (role == "state") {
+    k.bytes = BH * N * (d + dv) * e + partials + params + stab_read;
+    k.flops = nd * BH * N * Fk + 2 * BH * N * D * dv + BH * N * D;
+    sp.fm = nd * BH * N * Fk;
+    sp.product = k.flops - sp.fm;
+    sp.sfu = nd * BH * N * sfu_row;
+  } else if (role == "output") {
+    const double nt = ceil_div(N, c.block_tokens());
+    k.bytes = BH * N * (d + dv) * e + partials + params;
+    k.flops = nd * BH * N * Fq + 2 * BH * N * D * dv + nt * BH * splits * (D * dv + nd * D);
+    if (s.normalize) k.flops += nd * BH * N * (2 * D + 1) + BH * N * dv;
+    sp.fm = nd * BH * N * Fq;
+    sp.product = 2 * BH * N * D * dv + norm * nd * BH * N * (2 * D + 1);
+    sp.sfu = nd * BH * N * sfu_row + norm * BH * N * dv;
+  } else if (role == "causal_chunk") {
+    k.bytes = BH * N * (2 * d + 2 * dv) * e + params + stab_read;
+    // Per dv block (width w) and chunk (c tokens): see the header.
+    auto chunk_flops = [&](double cc, double w) {
+      const double tri = cc * (cc + 1) / 2;
+      double f = tri * 2 * D + w * (cc * (cc + 1) + 2 * D * cc) + 2 * D * w * cc + D * cc;
+      if (s.normalize) f += cc * (2 * D + 1) + tri + w * cc;
+      return f;
+    };
+    const double C = c.chunk(), full = std::floor(N / C), rest = N - full * C;
+    double per_head = nd * N * (Fq + Fk), masked = 0;
+    for (double b = 0; b < nd; ++b) {
+      const double w = std::min<double>(c.dv_block(), dv - b * c.dv_block());
+      per_head += full * chunk_flops(C, w) + (rest > 0 ? chunk_flops(rest, w) : 0);
+      masked += full * C * (C + 1) * D + (rest > 0 ? rest * (rest + 1) * D : 0);
+    }
+    k.flops = BH * per_head;
+    sp.fm = BH * nd * N * (Fq + Fk);
+    sp.product = k.flops - sp.fm - norm * BH * N * dv;
+    sp.conflicted = BH * masked;
+    sp.sfu = BH * nd * N * 2 * sfu_row + norm * BH * N * dv;
+    k.serial_steps = ceil_div(N, C);
+  } else {
+    return Error::invalid(fmt::format("kernel = {}: no cost formula (known: feature_map, key_stab, state, output, "
+                                      "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, param_reduce)",
+                                      role));
+  }
+  finish(k, sp, s, tensor, sp.fm, Fq);
+  return k;
+}
+
+Result<std::vector<KernelCounts>> pass_counts(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                              const ProblemShape& shape) {
+  auto plan = plan_launches(spec, config, pass, shape);
+  if (!plan) return plan.error();
+  std::vector<KernelCounts> out;
+  for (const KernelLaunch& l : plan->launches) {
+    auto k = kernel_counts(spec, config, pass, l.role, shape);
+    if (!k) return k.error();
+    k->blocks = double(l.grid[0]) * l.grid[1] * l.grid[2];
+    k->threads = int(l.threads);
+    k->dynamic_smem = l.smem_bytes;
+    out.push_back(std::move(*k));
+  }
+  return out;
+}
+
+double KernelPrediction::limb_ms() const { return std::max({dram_ms, tensor_ms, fp32_ms, shared_ms, sfu_ms}); }
+
+KernelPrediction predict_kernel(const KernelCounts& k, const GpuSpec& gpu, const Arch& arch,
+                                const std::optional<KernelUsage>& usage) {
+  KernelPrediction p;
+  p.role = k.role;
+  const double clock_hz = gpu.boost_mhz * 1e6, sms = gpu.sm_count;
+  p.dram_ms = k.bytes / (gpu.memory_gbps * 1e9) * 1e3;
+  const double tc_peak = tensor_peak_tflops(gpu, k.tc_dtype);
+  p.tensor_ms = k.tc_flops > 0 ? k.tc_flops / (tc_peak * 1e12) * 1e3 : 0;
+  p.fp32_ms = k.cuda_flops / (scalar_peak_tflops(gpu) * 1e12) * 1e3;
+  p.shared_ms = k.smem_wavefronts / (sms * kSharedWavefrontsPerClockPerSm * clock_hz) * 1e3;
+  p.sfu_ms = k.sfu_ops / (sms * kSfuOpsPerClockPerSm * clock_hz) * 1e3;
+
+  p.registers_known = usage.has_value() && usage->registers > 0;
+  const int regs = p.registers_known ? usage->registers : kAssumedRegisters;
+  const Occupancy occ =
+      theoretical_occupancy(arch, {k.threads, regs, usage ? int64_t(usage->static_smem) : 0, k.dynamic_smem});
+  const int bps = std::max(1, occ.blocks_per_sm);
+  p.blocks_per_sm = occ.blocks_per_sm;
+  const double blocks = std::max(1.0, k.blocks);
+  const double fill = std::min(1.0, blocks / sms);
+  const double resident = std::min<double>(bps, std::ceil(blocks / sms));
+  const double warps = resident * ((k.threads + 31) / 32);
+  const double hiding = std::min(1.0, warps / kWarpsToHideLatency);
+  const double slots = sms * bps;
+  const double waves = std::ceil(blocks / slots);
+  const double wave_eff = waves > 1 ? blocks / (waves * slots) : 1.0;
+  p.efficiency = fill * hiding * wave_eff;
+  p.serial_ms = k.serial_steps * kSerialStepLatencyCycles / clock_hz /
+                (std::max(1, k.pipeline_stages) * std::max(1.0, resident)) * 1e3;
+  const double busy = p.limb_ms() / std::max(p.efficiency, 1e-6);
+  p.ms = busy + p.serial_ms + kLaunchOverheadMs;
+  struct Limb { double ms; const char* name; };
+  const Limb limbs[] = {{p.dram_ms, "dram"}, {p.tensor_ms, "tensor"}, {p.fp32_ms, "fp32"},
+                        {p.shared_ms, "shared"}, {p.sfu_ms, "sfu"}};
+  const Limb* top = &limbs[0];
+  for (const Limb& l : limbs)
+    if (l.ms > top->ms) top = &l;
+  p.limiter = p.serial_ms > busy ? "latency" : top->name;
+  return p;
+}
+
+Result<PassPrediction> predict_pass(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                    const ProblemShape& shape, const GpuSpec& gpu, const Arch& arch,
+                                    const std::map<std::string, KernelUsage>& usage) {
+  auto counts = pass_counts(spec, config, pass, shape);
+  if (!counts) return counts.error();
+  PassPrediction out;
+  for (const KernelCounts& k : *counts) {
+    auto it = usage.find(k.role);
+    out.kernels.push_back(predict_kernel(k, gpu, arch, it != usage.end() ? std::optional(it->second) : std::nullopt));
+    out.ms += out.kernels.back().ms;
+  }
+  out.counts = std::move(*counts);
+  return out;
+}
+
+}  // namespace lunajit

@@ -1,0 +1,282 @@
+// The cost model (issue 11): one model, used by the tuner to rank candidates
+// (autotune/tuner.h) and by the kernel reports to predict (report/). Two
+// halves, both pure functions (no compilation, no device):
+//
+//   1. KernelCounts: what one launch of a generated kernel does, counted from
+//      the spec, the tile config and the problem shape (kernel_counts below):
+//      DRAM bytes, FLOPs split into tensor-core and CUDA-core, shared-memory
+//      (L1 datapath) wavefronts, special-function ops, grid and serial steps.
+//   2. predict_kernel: the time those counts take on a GPU product
+//      (codegen/gpu_specs.h) with the arch's limits (codegen/arch.h) and, when
+//      the kernel was compiled, its ptxas resources (occupancy).
+//
+// ---------------------------------------------------------------- the model
+//
+//   Throughput limbs, each the time at the whole GPU's peak rate:
+//     t_dram   = dram_bytes / BW                              (memory_gbps)
+//     t_tensor = tc_flops / tensor_peak(tc_dtype)              (bf16/fp16; fp32 -> TF32)
+//     t_fp32   = cuda_flops / fp32_peak
+//     t_shared = smem_wavefronts / (SMs * 1 wavefront/clk * clock)
+//     t_sfu    = sfu_ops / (SMs * 16 /clk * clock)
+//   How much of the GPU the launch keeps busy (the old autotune model's terms):
+//     blocks per SM   occupancy calculator rules (codegen/occupancy.h) from the
+//                     threads, ptxas registers (64 assumed when not compiled)
+//                     and static + dynamic shared memory
+//     sm_fill         = min(1, blocks / SMs)
+//     latency_hiding  = min(1, resident warps per SM / 16): 16 warps keep the
+//                     pipes and DRAM busy in practice
+//     wave_eff        = blocks / (waves * SMs * blocks per SM) for more than one wave
+//     efficiency      = sm_fill * latency_hiding * wave_eff
+//   Serial chain (the causal chunk walk: each block walks serial_steps chunks
+//   one after another, each step waiting for its loads):
+//     t_serial = serial_steps * 600 cycles / clock / (stages * resident blocks per SM)
+//     600 cycles: the order of a DRAM round trip that microbenchmarks report on
+//     A100/H100 (~450-700 cycles; an assumption, not a measurement); a
+//     pipeline of `stages` loads in flight or other resident blocks hide it.
+//   t_kernel = max(limbs) / efficiency + t_serial + 3 us (launch)
+//   The limiter is the largest limb, or "latency" when t_serial exceeds
+//   max(limbs) / efficiency.
+//
+// ---------------------------------------------------------------- the counts
+//
+//   DRAM bytes and FLOPs: the conventions below (unchanged from the report's
+//   former model). FLOPs are executed on CUDA cores (cuda_flops) unless the
+//   kernel computes its GEMM-shaped products on tensor cores
+//   (uses_tensor_cores: TileConfig::mma, the non-causal forward's state and
+//   output kernels): those products move to tc_flops, phi and the rest stay.
+//
+//   Shared-memory (L1 datapath) wavefronts, layout formulas for the kernels as
+//   written (the PTX review of issue 11; the emulator's banks sanitizer, `lunajit
+//   report --bank-profile`, measures the same quantity per site):
+//     GEMM-shaped products on CUDA cores: every FMA reads both operands from
+//       shared memory, one conflict-free wavefront per warp-wide load:
+//       wavefronts = product FLOPs / 2 (FMAs) * 2 (operands) / 32 (lanes);
+//       the causal masked tiles (A = phi(q) phi(k)^T, and dphi = ... A in the
+//       backward) use 256-byte-stride fp32 rows: 8 wavefronts per load (32
+//       where 4 would do), so their FLOPs count 8x.
+//     GEMM-shaped products on tensor cores: operand bytes from shared
+//       memory per FLOP of a 32 x 32 warp tile, e (32 + 32) / (2 * 32 * 32),
+//       in 128-byte wavefronts (ldmatrix is conflict-free on swizzled tiles).
+//     Feature map: one parameter load per FMA through L1; the lanes of a warp
+//       read the parameters of `lines` distinct rows (wavefronts per warp load):
+//       luna projections W x: min(M, 32) (lanes span the M projections), its
+//       shared MLP: 1 (broadcast); the projection families (performer, rff,
+//       t2r, hedgehog, slay): min(features, 32); element-wise (elu, relu,
+//       cosformer): one operand per element, 1.
+//       wavefronts = F / 2 * lines / 32 per token.
+//   SFU ops per token of phi: luna activations gelu 1 (erf), silu 2 (ex2, rcp),
+//   tanh 1, relu 0; softplus 2 (ex2, lg2); performer D (exp); rff 2m (sin,
+//   cos); hedgehog f (exp); slay R M + P; cosformer 2d; elu d; normalized
+//   outputs one division per value element. The backward's J^T counts 2x.
+//   Serial steps: causal_chunk, causal_dq, causal_dkv walk ceil(N / chunk)
+//   chunks; every other kernel 0.
+//
+//   Byte and FLOP conventions (docs/MATH.md, docs/ARCHITECTURE.md "Cost model"
+//   and "Kernel plan"; the kernels are templates/lunajit/linear_attention.cuh):
+//
+//   Notation: B batch, H heads, N seq, BH = B*H, d head_dim, dv value_dim,
+//   D feature dim, e = dtype bytes (fp32 4, fp16/bf16 2), nd = ceil(dv / dv_block)
+//   (blocks along dv), s = state_splits, T = block_tokens, nt = ceil(N / T),
+//   P = parameter floats of one head's block (codegen/feature_params.h),
+//   Hp = H when params_per_head else 1.
+//
+//   Bytes are compulsory DRAM traffic: every input tensor read once, every
+//   output written once, workspace written once and read once, parameters read
+//   once (4 * P * Hp). Re-reads of the same bytes by other blocks (K re-read
+//   by each of the nd dv blocks, S re-read by every query tile) are assumed to
+//   hit in L2 and are not counted, which is what "minimum traffic" in the
+//   kernel plan means.
+//
+//   FLOPs are the arithmetic the kernels as written execute: an FMA counts 2,
+//   every other add, multiply, compare, max or special-function evaluation
+//   (exp, sin, erf, rsqrt, ...) counts 1; index arithmetic is not counted.
+//   Work a kernel repeats (phi recomputed in each of the nd dv blocks) is
+//   counted as often as it is done.
+//
+//   Feature map per token, F(x) (the cost of phi for one row; see
+//   feature_map_flops_per_token for every family). LUNA neural, shared channels:
+//       F = 2dM (projections u = W x) + M(2Hm + Hm + 2 Hm L + L) (1 -> Hm -> L MLP:
+//           W1 u + b1 by FMA, activation, W2 by FMA, output activation) + ML (gate)
+//     = 2dM + M(2Hm + 2Hm L) + M Hm + 2ML; the first two terms are the
+//     ARCHITECTURE.md estimate, the rest are the element-wise ops it leaves out.
+//     At d = 64, M = L = Hm/8 = 8: 1024 + 9216 + 512 + 128 = 10880.
+//
+//   Other families (per token): performer keys 2d + 3 + D(2d + 2) + 4D, queries
+//   D more (their own max); rff m(2d + 4); elu 2d; relu d; t2r D(2d + 2);
+//   hedgehog f(2d + 11) + 2; cosformer 7d; slay 2d + 2 + P(2d + 3) + RM(2d + 7)
+//   + 3D. LUNA per-channel MLPs: 2dM + ML(Hm(4 + a) + o) + ML; bank_coef and
+//   the rff variant, and the envelope (+ 2d + 5), in feature_map_flops_per_token.
+//   Activations a: relu 1, gelu 5, silu 4, tanh 1; output o: relu 1, softplus 3.
+//
+//   Per kernel (Fq = F for queries, Fk = F for keys; they differ only for performer):
+//   feature_map   bytes = BH N d e (x) + 4 BH N D (phi, fp32) + 4 P Hp [+ 4 BH key_stab read]
+//                 flops = BH N Fk
+//   key_stab      bytes = BH N d e + 4 BH + 4 P Hp
+//                 flops = BH N (2d + 3 + D(2d + 2)) + BH N D (max)   (performer only)
+//   state         bytes = BH N (d + dv) e + 4 BH s (D dv + D) + 4 P Hp
+//                 flops = nd BH N Fk + 2 BH N D dv (S) + BH N D (z)
+//   output        bytes = BH N d e + BH N dv e + 4 BH s (D dv + D) + 4 P Hp
+//                 flops = nd BH N Fq + 2 BH N D dv (numerator)
+//                         + normalize: nd BH N (2D + 1) (den) + BH N dv (divide)
+//                         + nt BH s (D dv + nd D) (split partials summed per query tile)
+//   causal_chunk  bytes = BH N (2d + 2dv) e + 4 P Hp   (q, k, v read, o written)
+//                 flops = nd BH N (Fq + Fk)
+//                         + per chunk of c tokens and dv block of w columns:
+//                           c(c+1)/2 * 2D (masked A) + w (c(c+1) + 2Dc) (A V + phi_q S)
+//                           + 2 D w c (S update) + D c (z update)
+//                           + normalize: c(2D + 1) + c(c+1)/2 (den) + w c (divide)
+//   (performer adds 4 BH bytes of key stabiliser read to state, causal_chunk and
+//   feature_map, and its key_stab kernel runs first in the forward pass.)
+//
+//   Backward (templates/lunajit/linear_attention_backward.cuh, feature_map_backward.cuh;
+//   grids in codegen/launch_plan.cpp). Further notation: nt (above) is also the
+//   number of query or key tiles (non-causal), Pl = P when the family learns parameters
+//   (has_learned_params) else 0, nrm = 1 when normalize else 0, J = the Jacobian-
+//   transpose product dx = J_phi^T dphi of one row plus its parameter partial,
+//   Jq for a query row, Jk for a key row. A dot product of length n counts 2n.
+//   The backward works on whole value rows (no dv blocks) except its state pass.
+//   Per token of the queries' side, when normalized:
+//     den row  nrm (2D + 1)      phi(q) . z + eps
+//     grad row nrm (3 dv + 2)    r = -(dO . o) / den (dot, negate, divide), g = dO / den
+//   Workspace traffic: the (S, z) partials are written by state, their z part read
+//   by dstate, all of them read by dq; the (dS, dz) partials written by dstate,
+//   read by dkv; den (causal, normalized: 4 BH N) written by causal_dq, read by
+//   causal_dkv; one parameter slot of 4 P bytes per block that maps dphi back
+//   (dq, dkv: BH nt each; causal_dq, causal_dkv: BH each), written there and read
+//   by param_reduce. Every kernel reads each of its inputs once (q, k, v, o, dout);
+//   dq, dk, dv are written once.
+//   key_stab      as the forward (performer only)
+//   state         as the forward (the backward's state pass is the forward's, grid with nd)
+//   dstate        bytes = BH N (d + 2dv) e (q, dout, o) + 4 BH s D (z partials) + 4 BH s (D dv + D)
+//                         (dS, dz partials written) + 4 P Hp
+//                 flops = BH s^2 D (each of the s blocks sums the s z partials)
+//                         + BH N (Fq + den row + grad row) + 2 BH N D dv (dS) + 2 BH N D (dz)
+//   dq            bytes = BH N (2d + 2dv) e (q, dout, o read, dq written) + 4 BH s (D dv + D)
+//                         + 4 P Hp + 4 Pl BH nt (slots)
+//                 flops = nt BH s (D dv + D) (split partials summed per tile)
+//                         + BH N (Fq + den row + grad row + D (2dv + nrm) (dphi = S g + z r) + Jq)
+//   dkv           bytes = BH N (2d + 2dv) e (k, v read, dk, dv written) + 4 BH s (D dv + D)
+//                         + 4 P Hp + 4 Pl BH nt [+ 4 BH key_stab read]
+//                 flops = nt BH s (D dv + D) + BH N (Fk + 2 D dv (dphi = dS v + dz)
+//                         + 2 D dv (dv = dS^T phi(k)) + Jk)
+//   causal_dq     bytes = BH N (3d + 3dv) e (q, k, v, dout, o read, dq written) + nrm 4 BH N (den
+//                         written) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
+//                 flops = BH * sum over chunks of c tokens (tri = c(c+1)/2, full dv):
+//                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B = v . g + r) + c (grad row)
+//                           + c (den row) + nrm tri (den: sum of A) + c D (2dv + nrm) + 2D tri (dphi)
+//                           + 2 D dv c (S update) + D c (z update) + c Jq
+//   causal_dkv    bytes = BH N (3d + 4dv) e (q, k, v, dout, o read, dk, dv written) + nrm 4 BH N (den
+//                         read) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
+//                 flops = BH * sum over chunks:
+//                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B) + c (grad row)
+//                           + c D 2dv + 2D tri (dphi) + c dv 2D + 2 dv tri (dv)
+//                           + 2 D dv c (dS update) + 2 D c (dz update) + c Jk
+//   param_reduce  (learned families only) with slots = 2 BH nt (non-causal) or 2 BH (causal):
+//                 bytes = 4 P slots (read) + 4 P Hp (dparams written)
+//                 flops = P slots (one add per slot entry)
+//   ESTIMATE, not a count: J = 2F of the same row (Jq = 2 Fq, Jk = 2 Fk), the usual
+//   "backward of a layer costs twice its forward" rule, for every family. Every
+//   other backward term above counts the code as written; this one does not
+//   (the true J^T cost differs per family: relu's is d compares per row, luna's
+//   recomputes its MLP per projection for the parameter partials).
+//
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codegen/arch.h"
+#include "codegen/attention_spec.h"
+#include "codegen/gpu_specs.h"
+#include "codegen/launch_plan.h"
+#include "codegen/tile_config.h"
+
+namespace lunajit {
+
+// What one launch of a kernel does. Every count is a total over the launch.
+struct KernelCounts {
+  std::string role;
+  double bytes = 0;            // compulsory DRAM traffic
+  double flops = 0;            // all FLOPs = tc_flops + cuda_flops
+  double tc_flops = 0;         // on tensor cores (0 for the scalar kernels)
+  DType tc_dtype = DType::bf16;  // operand type of the tensor-core products
+  double cuda_flops = 0;       // on CUDA cores (FMA = 2)
+  double smem_wavefronts = 0;  // shared-memory / L1 datapath wavefronts (128 B each)
+  double sfu_ops = 0;          // special-function results
+  double serial_steps = 0;     // chunks a block walks in series (0: none)
+  int pipeline_stages = 1;     // loads in flight per serial step
+  // The launch (from codegen/launch_plan.h; filled by pass_counts).
+  double blocks = 1;
+  int threads = 128;
+  int64_t dynamic_smem = 0;
+  double arithmetic_intensity() const { return bytes > 0 ? flops / bytes : 0; }
+};
+
+// Whether the config's kernels compute their GEMM-shaped products on tensor
+// cores: TileConfig::mma on the non-causal forward of a bf16/fp16 spec (its
+// state and output kernels); false for every other kernel.
+bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
+
+// FLOPs of phi for one token of one head (the conventions above), for a query
+// row (is_query) or a key row; the two differ only for performer, whose
+// queries take a max over their own features.
+double feature_map_flops_per_token(const AttentionSpec& spec, bool is_query);
+
+// The counts of the kernel with `role` of `pass` (feature_map: "feature_map",
+// "key_stab"; forward: "key_stab", "state", "output", "causal_chunk";
+// backward: "key_stab", "state", "dstate", "dq", "dkv", "causal_dq",
+// "causal_dkv", "param_reduce") for one launch at `shape`; the launch fields
+// keep their defaults. Error for a role the pass has no such kernel for
+// (key_stab off performer, param_reduce for a family without learned
+// parameters, an unknown role). The backward FLOPs include one estimated
+// term, the feature map's J^T (above).
+Result<KernelCounts> kernel_counts(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                   std::string_view role, const ProblemShape& shape);
+
+// The counts of every kernel of the pass's launch plan, launch fields filled.
+Result<std::vector<KernelCounts>> pass_counts(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                              const ProblemShape& shape);
+
+// What ptxas reported for a kernel; absent when not compiled.
+struct KernelUsage {
+  int registers = 0;
+  int static_smem = 0;
+};
+
+struct KernelPrediction {
+  std::string role;
+  double dram_ms = 0, tensor_ms = 0, fp32_ms = 0, shared_ms = 0, sfu_ms = 0;  // the limbs at peak
+  double serial_ms = 0;
+  int blocks_per_sm = 0;      // occupancy (ptxas registers, or 64 assumed)
+  bool registers_known = false;
+  double efficiency = 1;      // sm_fill * latency_hiding * wave_eff
+  double ms = 0;              // the prediction
+  std::string limiter;        // "dram", "tensor", "fp32", "shared", "sfu" or "latency"
+  double limb_ms() const;     // the largest limb
+};
+
+// Constants of the model (above), exposed for the tests and the docs.
+inline constexpr double kLaunchOverheadMs = 0.003;
+inline constexpr int kWarpsToHideLatency = 16;
+inline constexpr int kAssumedRegisters = 64;
+inline constexpr double kSerialStepLatencyCycles = 600;
+
+KernelPrediction predict_kernel(const KernelCounts& counts, const GpuSpec& gpu, const Arch& arch,
+                                const std::optional<KernelUsage>& usage = std::nullopt);
+
+struct PassPrediction {
+  double ms = 0;  // sum over the pass's kernels
+  std::vector<KernelCounts> counts;
+  std::vector<KernelPrediction> kernels;
+};
+
+// The predicted time of the pass at `shape` on `gpu` (whose limits are
+// `arch`); `usage` maps roles to ptxas resources (missing: 64 registers).
+Result<PassPrediction> predict_pass(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                    const ProblemShape& shape, const GpuSpec& gpu, const Arch& arch,
+                                    const std::map<std::string, KernelUsage>& usage = {});
+
+}  // namespace lunajit

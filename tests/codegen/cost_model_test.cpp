@@ -1,0 +1,201 @@
+// The cost model (codegen/cost_model.h): each limb, the launch efficiency and
+// the serial-chain term against hand-computed cases on the H100 row of the
+// GPU table (132 SMs, 3350 GB/s, FP32 67 TFLOP/s, BF16 tensor 989, TF32
+// 494.7, 1980 MHz), and the new counts (wavefronts, SFU ops, serial steps) of
+// the default LUNA spec by hand. The byte and FLOP counts themselves are
+// checked by hand in tests/report/report_test.cpp (CostModel.*).
+#include <gtest/gtest.h>
+
+#include "codegen/cost_model.h"
+
+namespace lunajit {
+namespace {
+
+const GpuSpec& h100() {
+  const GpuSpec* g = find_gpu("h100");
+  EXPECT_NE(g, nullptr);
+  return *g;
+}
+const Arch& sm90() {
+  static const Arch a = arch_from_sm(90).value_or_throw();
+  return a;
+}
+
+// 128 threads at 64 registers: 8 blocks per SM (registers: 16384 / 2048 = 8
+// warps per sub-partition, 32 warps = 8 blocks); 132 * 8 blocks fill one wave
+// with 32 resident warps: efficiency 1.
+KernelCounts full_gpu() {
+  KernelCounts k;
+  k.role = "test";
+  k.blocks = 132 * 8;
+  k.threads = 128;
+  return k;
+}
+constexpr double kTol = 1e-9;  // relative: the arithmetic is a handful of doubles
+
+TEST(CostModelPredict, EachLimbAtPeakOnAFullGpu) {
+  const KernelUsage regs{64, 0};
+  KernelCounts k = full_gpu();
+  k.bytes = 3.35e9;       // 1 ms at 3350 GB/s
+  k.cuda_flops = 6.7e9;   // 0.1 ms at 67 TFLOP/s
+  KernelPrediction p = predict_kernel(k, h100(), sm90(), regs);
+  EXPECT_EQ(p.blocks_per_sm, 8);
+  EXPECT_NEAR(p.efficiency, 1.0, kTol);
+  EXPECT_NEAR(p.dram_ms, 1.0, kTol);
+  EXPECT_NEAR(p.fp32_ms, 0.1, kTol);
+  EXPECT_NEAR(p.ms, 1.0 + kLaunchOverheadMs, kTol);
+  EXPECT_EQ(p.limiter, "dram");
+
+  k = full_gpu();
+  k.smem_wavefronts = 132 * 1.98e9 * 1e-3 * 2;  // 2 ms at one wavefront per clock per SM
+  k.sfu_ops = 16 * 132 * 1.98e9 * 1e-3;          // 1 ms at 16 per clock per SM
+  p = predict_kernel(k, h100(), sm90(), regs);
+  EXPECT_NEAR(p.shared_ms, 2.0, kTol);
+  EXPECT_NEAR(p.sfu_ms, 1.0, kTol);
+  EXPECT_EQ(p.limiter, "shared");
+
+  k = full_gpu();
+  k.tc_flops = 989e9;  // 1 ms of bf16 mma
+  k.tc_dtype = DType::bf16;
+  EXPECT_NEAR(predict_kernel(k, h100(), sm90(), regs).tensor_ms, 1.0, kTol);
+  k.tc_dtype = DType::fp32;  // TF32 runs at half the rate
+  p = predict_kernel(k, h100(), sm90(), regs);
+  EXPECT_NEAR(p.tensor_ms, 989 / 494.7, kTol);
+  EXPECT_EQ(p.limiter, "tensor");
+}
+
+TEST(CostModelPredict, UnderfilledGridAndUnhiddenLatency) {
+  // 66 blocks of 4 warps: half the SMs (fill 0.5), one block each (4 warps of
+  // the 16 that hide latency: 0.25); efficiency 0.125, so 1 ms of DRAM takes 8.
+  KernelCounts k = full_gpu();
+  k.blocks = 66;
+  k.bytes = 3.35e9;
+  KernelPrediction p = predict_kernel(k, h100(), sm90(), KernelUsage{64, 0});
+  EXPECT_NEAR(p.efficiency, 0.125, kTol);
+  EXPECT_NEAR(p.ms, 8.0 + kLaunchOverheadMs, 1e-9);
+  // Two waves of 1056 slots for 1584 blocks: wave efficiency 1584 / 2112 = 0.75.
+  k.blocks = 1584;
+  EXPECT_NEAR(predict_kernel(k, h100(), sm90(), KernelUsage{64, 0}).efficiency, 0.75, kTol);
+  // Registers decide occupancy: 255 registers -> 2 blocks of 4 warps per SM
+  // (255 * 32 rounds to 8192 per warp; 16384 / 8192 = 2 warps per
+  // sub-partition, 8 warps = 2 blocks): 1056 blocks in 4 full waves of 264,
+  // 8 resident warps hide half the latency: efficiency 0.5.
+  k.blocks = 132 * 8;
+  p = predict_kernel(k, h100(), sm90(), KernelUsage{255, 0});
+  EXPECT_EQ(p.blocks_per_sm, 2);
+  EXPECT_TRUE(p.registers_known);
+  EXPECT_NEAR(p.efficiency, 0.5, kTol);
+}
+
+TEST(CostModelPredict, SerialChunkWalkExposesOneRoundTripPerStep) {
+  // The causal shape of issue 11: 96 blocks walking 256 chunks, one block per
+  // SM, no prefetch: 256 * 600 cycles / 1.98 GHz = 77.58 us on top.
+  KernelCounts k = full_gpu();
+  k.blocks = 96;
+  k.serial_steps = 256;
+  const KernelPrediction p = predict_kernel(k, h100(), sm90());
+  EXPECT_FALSE(p.registers_known);
+  EXPECT_NEAR(p.serial_ms, 256 * 600 / 1.98e9 * 1e3, 1e-12);
+  EXPECT_EQ(p.limiter, "latency");
+  k.pipeline_stages = 2;  // a second load in flight halves it
+  EXPECT_NEAR(predict_kernel(k, h100(), sm90()).serial_ms, p.serial_ms / 2, 1e-12);
+}
+
+TEST(CostModelCounts, DefaultLunaStateKernelByHand) {
+  // Default LUNA (d = dv = 64, M = L = 8, Hm = 64, relu/relu, bf16), config
+  // T64.w4.dv64.C64.s4, shape 1 x 1 x 64: F = 10880 per token.
+  //   phi: 64 * 10880 = 696320 FLOPs; its L1 wavefronts per token:
+  //     projections 2dM = 1024 FLOPs at min(M, 32) = 8 lines, the MLP's
+  //     9856 FLOPs broadcast: (512 * 8 + 4928) / 32 = 282; * 64 = 18048
+  //   products: S = phi^T v 2 * 64 * 64 * 64 = 524288, z 64 * 64 = 4096:
+  //     528384 / 32 = 16512 wavefronts
+  //   SFU: relu and relu: none. Not a serial kernel.
+  const AttentionSpec s = default_spec(Family::luna);
+  const TileConfig c(64, 4, 64, 64, 4);
+  auto k = kernel_counts(s, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
+  EXPECT_EQ(k.flops, 696320 + 528384);
+  EXPECT_EQ(k.tc_flops, 0);  // the scalar kernel (mma off)
+  EXPECT_EQ(k.cuda_flops, k.flops);
+  EXPECT_DOUBLE_EQ(k.smem_wavefronts, 18048 + 16512);
+  EXPECT_EQ(k.sfu_ops, 0);
+  EXPECT_EQ(k.serial_steps, 0);
+
+  // silu in the MLP: ex2 and rcp per hidden unit, M * Hm * 2 = 1024 per token.
+  AttentionSpec silu = s;
+  silu.luna.activation = Activation::silu;
+  EXPECT_EQ(kernel_counts(silu, c, Pass::forward, "state", {1, 1, 64}).value_or_throw().sfu_ops, 64 * 1024);
+}
+
+TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
+  // The same state kernel with TileConfig::mma: the 528384 product FLOPs on
+  // tensor cores (bf16), phi's 696320 on CUDA cores; the products' shared
+  // traffic is 2 bytes * (32 + 32) / (2 * 32 * 32) per FLOP in 128-byte
+  // wavefronts: 528384 / 2048 = 258, phi's 18048 unchanged.
+  const AttentionSpec s = default_spec(Family::luna);
+  const TileConfig c = TileConfig(64, 4, 64, 64, 4).with_mma(true);
+  auto k = kernel_counts(s, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
+  EXPECT_EQ(k.tc_flops, 528384);
+  EXPECT_EQ(k.tc_dtype, DType::bf16);
+  EXPECT_EQ(k.cuda_flops, 696320);
+  EXPECT_DOUBLE_EQ(k.smem_wavefronts, 18048 + 258);
+  // Only the non-causal forward of a 16-bit spec has mma kernels.
+  EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(s, c, Pass::backward));
+  AttentionSpec causal = s, fp32 = s;
+  causal.causal = true;
+  fp32.dtype = DType::fp32;
+  EXPECT_FALSE(uses_tensor_cores(causal, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(s, c.with_mma(false), Pass::forward));
+}
+
+TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {
+  // Causal, shape 1 x 1 x 128, chunk 64: two chunks in series. The masked
+  // A = phi(q) phi(k)^T (tri * 2D = 2080 * 128 per chunk) reads 8 wavefronts per
+  // warp load: its 532480 FLOPs count 8 / 32 per FLOP, the other products 1 / 32.
+  AttentionSpec s = default_spec(Family::luna);
+  s.causal = true;
+  const TileConfig c(64, 4, 64, 64, 4);
+  auto k = kernel_counts(s, c, Pass::forward, "causal_chunk", {1, 1, 128}).value_or_throw();
+  EXPECT_EQ(k.serial_steps, 2);
+  const double phi = 128 * 2 * 10880.0;           // phi(q) and phi(k)
+  const double masked = 2 * 2080 * 128.0;          // two chunks of A
+  const double divide = 128 * 64;                  // normalize: one division per value element
+  const double products = k.flops - phi - divide;  // everything else is a shared-operand product
+  const double phi_wave = 2 * 128 * 282.0;
+  EXPECT_DOUBLE_EQ(k.smem_wavefronts, phi_wave + (products - masked) / 32 + masked * 8 / 32);
+  EXPECT_EQ(k.sfu_ops, divide);
+}
+
+TEST(CostModelPredict, PassSumsItsKernelsAndUsesTheLaunchPlan) {
+  const AttentionSpec s = default_spec(Family::luna);
+  const TileConfig c(64, 4, 64, 64, 4);
+  const ProblemShape shape{8, 12, 16384};
+  auto p = predict_pass(s, c, Pass::forward, shape, h100(), sm90()).value_or_throw();
+  ASSERT_EQ(p.kernels.size(), 2u);  // state, output
+  EXPECT_NEAR(p.ms, p.kernels[0].ms + p.kernels[1].ms, 1e-12);
+  auto plan = plan_launches(s, c, Pass::forward, shape).value_or_throw();
+  const auto& g = plan.launches[0].grid;
+  EXPECT_EQ(p.counts[0].blocks, double(g[0]) * g[1] * g[2]);
+  EXPECT_EQ(p.counts[0].threads, int(plan.launches[0].threads));
+}
+
+TEST(GpuSpecs, TensorPeaksPerDtype) {
+  for (const GpuSpec& g : gpu_table()) {
+    SCOPED_TRACE(g.key);
+    EXPECT_GT(g.boost_mhz, 0);
+    EXPECT_EQ(tensor_peak_tflops(g, DType::bf16), g.bf16_tensor_tflops);
+    EXPECT_EQ(tensor_peak_tflops(g, DType::fp16), g.fp16_tensor_tflops);
+    EXPECT_EQ(tensor_peak_tflops(g, DType::fp32), g.tf32_tensor_tflops);
+    // TF32 is half the 16-bit rate on every product in the table (B200's
+    // datasheet rounds to 1.1 PF against 2.25 PF: 2.2% off, hence 3%).
+    EXPECT_NEAR(g.tf32_tensor_tflops * 2, g.bf16_tensor_tflops, 0.03 * g.bf16_tensor_tflops);
+    // The FP32 column agrees with the clock: 2 FLOPs per FMA, 128 FP32 lanes per SM
+    // (64 on sm_80 A100) within 10% (table values are the vendor's, rounded).
+    const double lanes = g.sm == 80 ? 64 : 128;
+    EXPECT_NEAR(g.fp32_tflops, 2 * lanes * g.sm_count * g.boost_mhz * 1e6 / 1e12, 0.1 * g.fp32_tflops);
+  }
+}
+
+}  // namespace
+}  // namespace lunajit

@@ -1,0 +1,207 @@
+// lunajit-experiment as a user meets it, at toy size (--quick and smaller):
+// every subcommand writes its run directory with valid files; training lowers
+// the loss; conversion recovers above chance; --resume after an interruption
+// ends with the same figures and the same checkpoint bytes as an uninterrupted
+// run (CPU, one thread: bitwise); bad settings exit 2 naming the setting.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string err;
+};
+
+class ExperimentCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("lunajit_exp_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  // Arguments are single-quoted for the shell (none of ours holds a quote).
+  CliRun run(const std::vector<std::string>& args) {
+    std::string cmd = std::string("'") + LUNAJIT_EXPERIMENT + "'";
+    for (const auto& a : args) cmd += " '" + a + "'";
+    const fs::path err = dir_ / "stderr.txt";
+    cmd += " > '" + (dir_ / "stdout.txt").string() + "' 2> '" + err.string() + "'";
+    const int st = std::system(cmd.c_str());
+    CliRun r;
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    r.err = read(err);
+    return r;
+  }
+  static std::string read(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  static json read_json(const fs::path& p) { return json::parse(read(p)); }
+  std::string out(const std::string& name) const { return (dir_ / name).string(); }
+
+  // The files every run directory has; metrics.jsonl: one JSON object per line.
+  static void expect_run_dir(const fs::path& d) {
+    for (const char* f : {"config.json", "metrics.jsonl", "results.json", "summary.md", "results.svg"})
+      EXPECT_TRUE(fs::exists(d / f)) << d / f;
+    EXPECT_TRUE(fs::is_directory(d / "checkpoint")) << d;
+    const json c = read_json(d / "config.json");
+    EXPECT_TRUE(c.contains("seed") && c.contains("data_seed") && c.contains("git_revision") && c.contains("threads_used"))
+        << c.dump();
+    std::ifstream m(d / "metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(m, line)) {
+      EXPECT_TRUE(json::parse(line).is_object()) << line;
+      ++lines;
+    }
+    EXPECT_GT(lines, 0);
+    const std::string svg = read(d / "results.svg");
+    EXPECT_NE(svg.find("<svg"), std::string::npos);
+    EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  }
+  // results.json without the wall-clock figures, which differ run to run.
+  static json figures(const fs::path& d) {
+    json r = read_json(d / "results.json");
+    for (const char* k : {"train_seconds", "tokens_per_second", "teacher_seconds", "distill_seconds",
+                          "finetune_seconds", "teacher_tokens_per_second", "finetune_tokens_per_second"})
+      r.erase(k);
+    return r;
+  }
+  fs::path dir_;
+};
+
+const std::vector<std::string> kToy = {"--quick", "--threads", "1", "--set", "train_size=256", "--set", "test_size=128",
+                                       "--set", "val_size=64"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_F(ExperimentCli, TrainWritesTheRunDirectoryAndLowersTheLoss) {
+  const CliRun r = run(with({"train", "--task", "first_token", "--attention", "luna", "--out", out("t")}, kToy));
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_run_dir(out("t"));
+  EXPECT_TRUE(fs::exists(fs::path(out("t")) / "checkpoint" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(out("t")) / "loss.svg"));
+  EXPECT_NE(r.err.find("ETA"), std::string::npos) << "progress bar on stderr";
+  const json res = read_json(fs::path(out("t")) / "results.json");
+  EXPECT_LT(res.at("final_loss").get<double>(), res.at("first_loss").get<double>());
+  EXPECT_GT(res.at("tokens_per_second").get<double>(), 0);
+  const json cfg = read_json(fs::path(out("t")) / "config.json");
+  EXPECT_EQ(cfg.at("attention"), "luna");
+  EXPECT_EQ(cfg.at("train_size"), 256);
+}
+
+TEST_F(ExperimentCli, ResumeEqualsAnUninterruptedRunBitwise) {
+  const auto args = with({"train", "--task", "sort", "--attention", "hedgehog"}, kToy);
+  ASSERT_EQ(run(with(args, {"--out", out("full")})).code, 0);
+  const CliRun stopped = run(with(args, {"--out", out("part"), "--stop-after", "11"}));
+  ASSERT_EQ(stopped.code, 3) << stopped.err;
+  EXPECT_FALSE(fs::exists(fs::path(out("part")) / "results.json"));
+  const CliRun resumed = run({"train", "--resume", out("part")});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(figures(out("full")), figures(out("part")));
+  EXPECT_EQ(read(fs::path(out("full")) / "checkpoint" / "model.safetensors"),
+            read(fs::path(out("part")) / "checkpoint" / "model.safetensors"));
+  EXPECT_EQ(read(fs::path(out("full")) / "metrics.jsonl"), read(fs::path(out("part")) / "metrics.jsonl"));
+}
+
+TEST_F(ExperimentCli, ConvertRecoversAboveChanceAndResumesAcrossStages) {
+  const auto args = with(with({"convert", "--task", "fmnist-vit", "--to", "luna"}, kToy), {"--set", "train_size=512"});
+  ASSERT_EQ(run(with(args, {"--out", out("full")})).code, 0);
+  expect_run_dir(out("full"));
+  EXPECT_TRUE(fs::exists(fs::path(out("full")) / "attention_maps.svg"));
+  const json res = read_json(fs::path(out("full")) / "results.json");
+  for (const char* k : {"teacher_accuracy", "converted_accuracy_before_finetune", "converted_accuracy", "recovery"})
+    ASSERT_TRUE(res.contains(k)) << k;
+  EXPECT_DOUBLE_EQ(res["recovery"].get<double>(),
+                   res["converted_accuracy"].get<double>() / res["teacher_accuracy"].get<double>());
+  // 10 classes: chance is 0.1; the toy teacher trains on 512 images for 3 epochs.
+  EXPECT_GT(res["teacher_accuracy"].get<double>(), 0.2);
+  EXPECT_GT(res["converted_accuracy"].get<double>(), 0.2);
+  // The teacher has 3 epochs of 16 steps; stop inside stage 1 (distill, 16 steps) and resume.
+  ASSERT_EQ(run(with(args, {"--out", out("part"), "--stop-after", "52"})).code, 3);
+  const CliRun resumed = run({"convert", "--resume", out("part")});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(figures(out("full")), figures(out("part")));
+}
+
+TEST_F(ExperimentCli, AblateAndKernelFitWriteTheirTables) {
+  const CliRun a = run(with({"ablate", "--task", "counting", "--set", "grid=variants", "--set", "budget=16",
+                          "--set", "epochs=1", "--out", out("ab")}, kToy));
+  ASSERT_EQ(a.code, 0) << a.err;
+  expect_run_dir(out("ab"));
+  const json ab = read_json(fs::path(out("ab")) / "results.json");
+  ASSERT_EQ(ab.at("rows").size(), 4u);
+  for (const auto& row : ab["rows"]) EXPECT_TRUE(row.contains("test_accuracy")) << row.dump();
+  const CliRun k = run({"kernel-fit", "--quick", "--set", "families=[\"luna\",\"slay\",\"elu\"]", "--set",
+                     "kf_fit_steps=5", "--out", out("kf")});
+  ASSERT_EQ(k.code, 0) << k.err;
+  expect_run_dir(out("kf"));
+  const json kf = read_json(fs::path(out("kf")) / "results.json");
+  // luna (learned): init and fitted, against both references; slay and elu: init only.
+  EXPECT_EQ(kf.at("rows").size(), 8u);
+  for (const auto& row : kf["rows"]) {
+    EXPECT_GE(row["rel_l2"]["mean"].get<double>(), 0);
+    EXPECT_LE(row["cosine"]["mean"].get<double>(), 1 + 1e-9);
+  }
+}
+
+// The first steps on the generated kernels (host emulation) give the ATen path's losses.
+TEST_F(ExperimentCli, CheckKernelsRunsTheFirstStepsOnTheHostKernels) {
+  const CliRun r = run(with({"train", "--task", "first_token", "--attention", "luna", "--check-kernels", "--set",
+                             "check_steps=2", "--set", "epochs=1", "--out", out("ck")}, kToy));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json ck = read_json(fs::path(out("ck")) / "results.json").at("check_kernels");
+  ASSERT_EQ(ck.at("host_kernel_losses").size(), 2u) << ck.dump();
+  EXPECT_LE(ck.at("max_relative_difference").get<double>(), 1e-4);
+  EXPECT_NE(r.err.find("check-kernels step 1"), std::string::npos) << r.err;
+}
+
+TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
+  CliRun r = run({"train", "--task", "sort", "--set", "lr=-1", "--out", out("x")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("lr = -1"), std::string::npos) << r.err;
+  r = run({"train", "--task", "sort", "--set", "lrr=0.1", "--out", out("x")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("\"lrr\" is not a setting"), std::string::npos) << r.err;
+  r = run({"train", "--task", "nope", "--quick", "--out", out("x")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("task = \"nope\""), std::string::npos) << r.err;
+  r = run({"train", "--task", "sort", "--attention", "lunaa", "--quick", "--out", out("x")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("attention = \"lunaa\""), std::string::npos) << r.err;
+  r = run({"convert", "--task", "sort", "--to", "softmax", "--quick", "--out", out("y")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("to = \"softmax\""), std::string::npos) << r.err;
+  r = run({"train", "--task", "listops", "--attention", "cosformer", "--quick", "--out", out("z")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cosformer cannot mask padding"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(fs::path(out("z")) / "config.json")) << "rejected before the run directory is made";
+  r = run({"train", "--resume", out("none")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("no config.json"), std::string::npos) << r.err;
+}
+
+}  // namespace
