@@ -229,10 +229,13 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
 }  // namespace
 
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
-  // TileConfig::mma: the non-causal forward's state and output products of a
-  // bf16/fp16 spec on mma.sync (templates/lunajit/linear_attention_mma.cuh);
-  // the feature map stays on CUDA cores. Every other kernel is scalar.
-  return config.mma() && pass == Pass::forward && !spec.causal && spec.dtype != DType::fp32;
+  // TileConfig::mma: the forward's GEMM-shaped products of a bf16/fp16 spec on
+  // mma.sync (templates/lunajit/linear_attention_mma.cuh): the non-causal state
+  // and output products, and the causal chunk's masked strip, inter-chunk and
+  // state-update products (not the causal performer, which has no mma kernel);
+  // the feature map stays on CUDA cores. Every backward kernel is scalar.
+  return config.mma() && pass == Pass::forward && spec.dtype != DType::fp32 &&
+         !(spec.causal && spec.family == Family::performer);
 }
 
 double feature_map_flops_per_token(const AttentionSpec& s, bool is_query) {

@@ -43,7 +43,8 @@
 //   former model). FLOPs are executed on CUDA cores (cuda_flops) unless the
 //   kernel computes its GEMM-shaped products on tensor cores
 //   (uses_tensor_cores: TileConfig::mma, the non-causal forward's state and
-//   output kernels): those products move to tc_flops, phi and the rest stay.
+//   output kernels and the causal chunk kernel): those products move to
+//   tc_flops, phi and the rest stay.
 //
 //   Shared-memory (L1 datapath) wavefronts, layout formulas for the kernels as
 //   written (the PTX review of issue 11; the emulator's banks sanitizer, `lunajit
@@ -216,8 +217,9 @@ struct KernelCounts {
 };
 
 // Whether the config's kernels compute their GEMM-shaped products on tensor
-// cores: TileConfig::mma on the non-causal forward of a bf16/fp16 spec (its
-// state and output kernels); false for every other kernel.
+// cores: TileConfig::mma on the forward of a bf16/fp16 spec (the non-causal
+// state and output kernels, the causal chunk kernel; never the causal
+// performer); false for every backward kernel.
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // FLOPs of phi for one token of one head (the conventions above), for a query

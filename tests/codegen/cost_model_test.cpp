@@ -138,13 +138,16 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   EXPECT_EQ(k.tc_dtype, DType::bf16);
   EXPECT_EQ(k.cuda_flops, 696320);
   EXPECT_DOUBLE_EQ(k.smem_wavefronts, 18048 + 258);
-  // Only the non-causal forward of a 16-bit spec has mma kernels.
+  // Only the forward of a 16-bit spec has mma kernels, causal or not, except
+  // the causal performer (its running stabiliser has no mma kernel).
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(s, c, Pass::backward));
-  AttentionSpec causal = s, fp32 = s;
+  AttentionSpec causal = s, fp32 = s, causal_performer = default_spec(Family::performer);
   causal.causal = true;
+  causal_performer.causal = true;
   fp32.dtype = DType::fp32;
-  EXPECT_FALSE(uses_tensor_cores(causal, c, Pass::forward));
+  EXPECT_TRUE(uses_tensor_cores(causal, c, Pass::forward));
+  EXPECT_FALSE(uses_tensor_cores(causal_performer, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(s, c.with_mma(false), Pass::forward));
 }
