@@ -16,8 +16,8 @@
 #       kernel report; everything lands in $OUT (default gpu-check-out/): JSON,
 #       Markdown and the logs; also the per-token decode latency (decode_bench,
 #       batch 1 and 64). Stage time limits: configure 90 s + build 240 s, then the
-#       GPU stages 7 min 10 s (tests 2 min, tune 1, decode 0.5, bench 2.5, report
-#       0.7): up to 12 min 40 s in all, more than the 8-minute target when the
+#       GPU stages 6 min 40 s (tests 2 min, tune 1, decode 0.5, bench 2.5, report
+#       0.7): up to 12 min 10 s in all, more than the 8-minute target when the
 #       build is cold (unmeasured: no GPU has run this script yet).
 #   bench/gpu_check.sh --dry-run checks what can be checked without a GPU: the
 #       script's syntax, the tools, the no-JIT configure step, the benchmark's
