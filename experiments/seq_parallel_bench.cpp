@@ -3,12 +3,13 @@
 // attention) over R ranks on this machine, forward + backward of one layer.
 //
 //   seq_parallel_bench [--nproc 2] [--seq 16384] [--batch 1] [--heads 4] [--dim 32]
-//                      [--reps 5] [--threads 1] [--full]
+//                      [--reps 5] [--threads 1] [--full] [--path aten|host_kernels]
 //
 // Launches itself --nproc times (FileStore in a fresh temporary directory, Gloo
 // over 127.0.0.1), each rank holding seq / nproc tokens; with --nproc 1 it also
-// times the single-process lunajit::linear_attention (ATen path) on the whole
-// sequence. Rank 0 prints the median over --reps of the step time (barrier to
+// times the single-process lunajit::linear_attention (same path) on the whole
+// sequence. --path host_kernels runs the host-emulated kernels (slow: it shows
+// the composition works and what it sends, not GPU speed). Rank 0 prints the median over --reps of the step time (barrier to
 // barrier, so the slowest rank's), and the bytes counted at the process-group
 // calls per step next to the formula B * H * D * (dv + 1) * 4 per collective.
 // Each rank runs --threads intra-op threads: the ranks share the machine's
@@ -40,7 +41,7 @@ namespace dist = lunajit::dist;
 struct Args {
   int nproc = 2, seq = 16384, batch = 1, heads = 4, dim = 32, reps = 5, threads = 1, rank = -1;
   bool full = false;
-  std::string store;
+  std::string store, path = "aten";
 };
 
 lunajit::AttentionSpec spec_of(const Args& a) {
@@ -83,8 +84,12 @@ int rank_main(const Args& a) {
   const lunajit::AttentionSpec spec = spec_of(a);
   const Tensor params = lunajit::init_feature_params(spec, a.heads, 0).requires_grad_(true);
   const int64_t n = a.seq / a.nproc;
+  const lunajit::AttentionPath path =
+      a.path == "aten" ? lunajit::AttentionPath::aten : lunajit::AttentionPath::host_kernels;
   auto sp = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
-    return dist::sequence_parallel_linear_attention(comm, q, k, v, params, spec);
+    dist::SequenceParallelOptions o;
+    o.path = path;
+    return dist::sequence_parallel_linear_attention(comm, q, k, v, params, spec, o);
   };
   auto sync = [&] { comm.barrier(); };
   step_ms(a, n, sp, sync);  // warm-up
@@ -99,9 +104,9 @@ int rank_main(const Args& a) {
   for (const Tensor& c : comm.all_gather(cpu)) cpu_max = std::max(cpu_max, c.item<double>());
   if (a.rank == 0) {
     const int64_t per = dist::sequence_parallel_payload_bytes(spec, a.batch, a.heads, torch::kFloat);
-    std::printf("seq_parallel_bench: %s luna, seq %d = %d ranks x %lld tokens, batch %d, %d heads, d = dv = %d, "
-                "D = %d, %d thread%s per rank\n",
-                a.full ? "non-causal" : "causal", a.seq, a.nproc, (long long)n, a.batch, a.heads, a.dim,
+    std::printf("seq_parallel_bench: %s luna on path %s, seq %d = %d ranks x %lld tokens, batch %d, %d heads, "
+                "d = dv = %d, D = %d, %d thread%s per rank\n",
+                a.full ? "non-causal" : "causal", a.path.c_str(), a.seq, a.nproc, (long long)n, a.batch, a.heads, a.dim,
                 spec.feature_dim(), a.threads, a.threads == 1 ? "" : "s");
     std::printf("  sequence-parallel fwd+bwd: median %.1f ms wall over %d reps; CPU time per step of the busiest "
                 "rank %.1f ms\n",
@@ -116,7 +121,7 @@ int rank_main(const Args& a) {
     if (a.nproc == 1) {
       auto one = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
         lunajit::LinearAttentionOptions o;
-        o.path = lunajit::AttentionPath::aten;
+        o.path = path;
         return lunajit::linear_attention(q, k, v, params, spec, o);
       };
       std::vector<double> t1;
@@ -143,6 +148,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", a.reps, "timed steps")->check(lunajit::int_in("--reps", {1, 1000}));
   app.add_option("--threads", a.threads, "intra-op threads per rank")->check(lunajit::int_in("--threads", {1, 256}));
   app.add_flag("--full", a.full, "non-causal instead of causal");
+  app.add_option("--path", a.path, "aten or host_kernels")->check(CLI::IsMember({"aten", "host_kernels"}));
   app.add_option("--rank", a.rank, "(set by the launcher) this process's rank")->check(lunajit::int_in("--rank", {0, 63}));
   app.add_option("--store", a.store, "(set by the launcher) the FileStore file");
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -35,16 +35,41 @@
 // Supported: the families whose features are per token: luna (every variant),
 // rff, elu, relu, t2r, hedgehog, slay. Not: cosformer (features depend on the
 // global position and length), performer (its key stabiliser is a max over all
-// keys, causal: a running max). ATen path, any device the process group's
-// backend serves (Gloo: CPU; NCCL: CUDA). Grouped-query k, v are repeated to
-// q's heads; non-causal shards of q and of k, v may differ in length. Every
-// shard must have at least one token.
+// keys, causal: a running max). Any device the process group's backend serves
+// (Gloo: CPU; NCCL: CUDA). Grouped-query k, v are repeated to q's heads;
+// non-causal shards of q and of k, v may differ in length. Every shard must
+// have at least one token.
+//
+// Paths (SequenceParallelOptions::path):
+//   aten          the features materialised by ATen, the delta one einsum, the
+//                 local causal pass aten::linear_attention_from_features.
+//   host_kernels, cuda_kernels
+//                 the generated kernels through the carried-state op
+//                 (lunajit::linear_attention_with_state), differentiated by
+//                 the backward kernels:
+//                 causal      delta = the final state of a zero-state pass over
+//                             the shard; o = a second pass seeded with the
+//                             prefix (two passes: the kernels have no
+//                             state-only entry yet);
+//                 non-causal  delta = the final state of a causal pass over the
+//                             k, v shard (the non-causal state is the causal
+//                             final state); o from the summed state by an
+//                             unnormalized causal pass over q seeded with the
+//                             state and fed v = 0 (so the keys add nothing),
+//                             value_dim dv + 1 carrying the denominator column,
+//                             in fp32, divided in ATen. Two passes as well.
+//                 Tensors in spec.dtype, fp32 params, as for the op.
+//   automatic     cuda_kernels for CUDA tensors (when compiled in), else aten.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "codegen/attention_spec.h"
+#include "codegen/tile_config.h"
 #include "torch_binding/distributed.h"
+#include "torch_binding/linear_attention.h"
 
 namespace lunajit::dist {
 
@@ -53,6 +78,10 @@ struct SequenceParallelOptions {
   // fixed_order (deterministic) or backend_allreduce (non-causal only; the
   // causal prefix is always an allgather summed in rank order).
   Reduction reduction = Reduction::fixed_order;
+  AttentionPath path = AttentionPath::aten;
+  // Kernel paths: the tile config of the passes over the spec itself (the
+  // non-causal output pass, a spec of its own, uses the tuned or default one).
+  std::optional<TileConfig> config;
 };
 
 // This rank's output [batch, n_r, heads, dv] for its shard q [batch, n_r, heads,

@@ -33,6 +33,7 @@ std::vector<Tensor> run_case(Communicator& comm, const SpCase& c, const SpInputs
   SequenceParallelOptions opts;
   opts.chunk = kChunk;
   opts.reduction = c.reduction;
+  opts.path = c.path;
   const Tensor o = sequence_parallel_linear_attention(comm, q, k, v, params, spec, opts);
   (o * full.dout.narrow(1, start, n)).sum().backward();
   return {o.detach(), q.grad(), k.grad(), v.grad(), params.grad().defined() ? params.grad() : torch::zeros_like(params)};

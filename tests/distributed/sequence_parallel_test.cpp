@@ -4,14 +4,18 @@
 // its slice of the single-process lunajit::linear_attention (ATen path) on the
 // whole sequence, and the sum over ranks of the feature-parameter gradients with
 // the single-process one; causal and non-causal, luna (two variants), elu
-// (with grouped-query k, v) and hedgehog (sp_cases.h). Also: each rank's run
+// (with grouped-query k, v) and hedgehog, on the ATen path and on the host
+// kernels (sp_cases.h). Also: each rank's run
 // repeats bit for bit, the bytes the communicator counted equal the formula,
 // and the rejections (families, reduction).
 //
 // Tolerance: atol 2e-5 + rtol 2e-4 * max|ref| (fp32 both sides; only the
 // summation order differs: per-rank deltas added in rank order against chunk
 // states cumulated over the whole sequence, n * D terms of O(1) values), as
-// for the fp32 comparisons of tests/torch_binding/op_test.cpp.
+// for the fp32 comparisons of tests/torch_binding/op_test.cpp. The host
+// kernels' cases are held to the same bound: their fp32 sums differ from
+// ATen's only in order too (their own error against the double reference is
+// checked in tests/autotune at 5e-6 + 1e-6).
 #include <filesystem>
 #include <string>
 
@@ -60,7 +64,7 @@ void run_and_compare(int world) {
         return std::vector<std::string>{LUNAJIT_SEQ_PARALLEL_WORKER, "--rank", std::to_string(r), "--world",
                                         std::to_string(world), "--store", store, "--out", dir};
       },
-      std::chrono::seconds(120));
+      std::chrono::seconds(600));  // cold: the ranks wait for one another's host-kernel compiles
   for (int r = 0; r < world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r << " of " << world << " failed";
 
   const std::vector<int64_t> lengths = shard_lengths(world);

@@ -24,10 +24,13 @@ struct SpCase {
   bool causal = false;
   int64_t heads_kv = kHeads;
   Reduction reduction = Reduction::fixed_order;
+  AttentionPath path = AttentionPath::aten;
 };
 
 // luna (neural and rff variants), elu, hedgehog; causal and not; one
-// grouped-query case; one through the backend's allreduce.
+// grouped-query case; one through the backend's allreduce; on the ATen path,
+// and the host kernels' two-pass composition (sequence_parallel.h, "Paths")
+// causal and not, normalized and not, grouped-query, allreduce.
 inline std::vector<SpCase> sp_cases() {
   const std::string luna = R"("family": "luna", "luna": {"projections": 3, "channels": 2, "mlp_width": 5})";
   return {
@@ -39,6 +42,13 @@ inline std::vector<SpCase> sp_cases() {
       {"elu_full", R"("family": "elu")", false},
       {"elu_causal_gqa", R"("family": "elu")", true, 1},
       {"hedgehog_causal", R"("family": "hedgehog", "hedgehog": {"features": 8})", true},
+      {"luna_causal_host_kernels", luna, true, kHeads, Reduction::fixed_order, AttentionPath::host_kernels},
+      {"luna_full_host_kernels", luna, false, kHeads, Reduction::fixed_order, AttentionPath::host_kernels},
+      {"luna_rff_causal_unnormalized_host_kernels",
+       R"("family": "luna", "luna": {"projections": 3, "channels": 2, "variant": "rff"}, "normalize": false)", true,
+       kHeads, Reduction::fixed_order, AttentionPath::host_kernels},
+      {"elu_full_gqa_unnormalized_allreduce_host_kernels", R"("family": "elu", "normalize": false)", false, 1,
+       Reduction::backend_allreduce, AttentionPath::host_kernels},
   };
 }
 
