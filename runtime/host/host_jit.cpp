@@ -156,19 +156,33 @@ const std::vector<std::string>& host_compile_flags(bool instrumented) {
   //   supports emulated TLS only.
   // -fno-exceptions: kernels throw nothing, and an abandoned fiber is never unwound.
   // -fno-math-errno: CUDA math sets no errno; lets sqrtf & co. vectorize.
-  static const std::vector<std::string> flags{
-      "-std=c++20", "-O2", "-march=native", "-femulated-tls", "-fno-exceptions", "-fno-math-errno",
+  // -O0 for the plain variant: an emulated launch spends its time switching
+  //   fibers at barriers and shuffles, not in the kernel's arithmetic, so -O2
+  //   bought ~10% of run time (default LUNA backward, B2 H4 N2048: 0.86 s at
+  //   -O2, 1.06 s at -O0) for 4x the compile time (slay backward: 18 s of
+  //   CPU at -O2, 8.5 s at -O1, 4.6 s at -O0), and compiles are nearly all of
+  //   what the test suite spends on the host backend.
+  // -O2 for the instrumented variant: its access pass runs after the optimizer
+  //   so that only accesses surviving register promotion are instrumented
+  //   (sanitizer_pass.h); at -O0 every local would be a memory access.
+  static const std::vector<std::string> common{
+      "-std=c++20", "-march=native", "-femulated-tls", "-fno-exceptions", "-fno-math-errno",
       "-DLUNAJIT_HOST_EMULATION", "-resource-dir", CLANG_RESOURCE_DIR, "-I", kTemplateDir, "-isystem", kCudaDir,
       "-Wno-unused-function"};
+  static const std::vector<std::string> plain_flags = [] {
+    std::vector<std::string> f = common;
+    f.push_back("-O0");
+    return f;
+  }();
   static const std::vector<std::string> instrumented_flags = [] {
-    std::vector<std::string> f = flags;
-    for (const char* extra : {"-gline-tables-only", "-fno-vectorize", "-fno-slp-vectorize",
+    std::vector<std::string> f = common;
+    for (const char* extra : {"-O2", "-gline-tables-only", "-fno-vectorize", "-fno-slp-vectorize",
                               "-DLUNAJIT_HOST_INSTRUMENTED=2" /* access pass version */}) {
       f.push_back(extra);
     }
     return f;
   }();
-  return instrumented ? instrumented_flags : flags;
+  return instrumented ? instrumented_flags : plain_flags;
 }
 
 std::string host_translation_unit(const KernelSource& source) {

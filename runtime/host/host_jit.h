@@ -9,7 +9,8 @@
 // `void lunajit_entry_<i>(void** args)` that calls the entry's name expression
 // with CUDA-style `void* args[]` unpacked by the kernel's own parameter types.
 //
-// Clang emits an object file (-O2 -march=native), which is what the binary
+// Clang emits an object file (-march=native; -O0 plain, -O2 instrumented:
+// host_jit.cpp says why), which is what the binary
 // cache stores; a cache hit adds the stored object to a fresh LLJIT without
 // compiling anything. The host functions the kernels call (host_abi.h) are
 // defined in each JIT as absolute symbols: no -rdynamic needed.
