@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune/tuner.h"
+#include "common/input_limits.h"
 #include "cache/binary_cache.h"
 #include "cache/tuning_db.h"
 #include "codegen/feature_params.h"
@@ -502,6 +503,17 @@ AttentionPath resolve_path(AttentionPath requested, const torch::Device& device)
   return device.is_cuda() && LUNAJIT_TORCH_CUDA ? AttentionPath::cuda_kernels : AttentionPath::aten;
 }
 
+namespace {
+
+// Whether the kernel paths run cross-attention (seq_q != seq_k): through the
+// carried-state kernels, so not performer (nor cosformer, rejected for
+// cross-attention on every path) and without a key mask.
+bool cross_on_kernels(const AttentionSpec& spec, const Tensor& key_mask) {
+  return spec.family != Family::performer && spec.family != Family::cosformer && !key_mask.defined();
+}
+
+}  // namespace
+
 void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
                                    const AttentionSpec& spec, AttentionPath path, bool check_finite,
                                    const Tensor& key_mask) {
@@ -552,8 +564,13 @@ void check_linear_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
                 " and seq_k = ", k.size(1), " (cross-attention of different lengths is non-causal only)");
     TORCH_CHECK(spec.family != Family::cosformer, "linear_attention: family cosformer needs seq_q == seq_k, got ",
                 q.size(1), " and ", k.size(1), " (its features depend on the position and sequence length)");
-    TORCH_CHECK(!kernels, "linear_attention: path ", std::string(to_string(path)), " needs seq_q == seq_k, got ",
-                q.size(1), " and ", k.size(1), " (cross-attention of different lengths runs on path aten)");
+    TORCH_CHECK(!kernels || cross_on_kernels(spec, key_mask), "linear_attention: path ",
+                std::string(to_string(path)), " runs cross-attention (seq_q = ", q.size(1), ", seq_k = ", k.size(1),
+                ") through the carried-state kernels, ",
+                key_mask.defined() ? std::string("which take no key_mask")
+                                   : "which family " + std::string(to_string(spec.family)) +
+                                         " lacks (its key stabiliser is a max over all keys)",
+                "; use path aten");
   }
   if (key_mask.defined()) {
     TORCH_CHECK(key_mask.scalar_type() == torch::kBool, "linear_attention: key_mask must be bool (true = real key, "
@@ -635,9 +652,11 @@ Tensor repeat_kv_heads(const Tensor& t, int64_t heads) {
 Tensor linear_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_in, const Tensor& feature_params,
                         const AttentionSpec& spec, const LinearAttentionOptions& options) {
   AttentionPath path = resolve_path(options.path, q.defined() ? q.device() : torch::Device(torch::kCPU));
-  // What the kernels do not run (seq_k != seq_q) takes the ATen path when the caller left the choice.
+  // What the kernels do not run (cross-attention of performer, or with a key
+  // mask) takes the ATen path when the caller left the choice.
   const bool cross = q.defined() && k_in.defined() && q.dim() == 4 && k_in.dim() == 4 && q.size(1) != k_in.size(1);
-  if (options.path == AttentionPath::automatic && cross) path = AttentionPath::aten;
+  if (options.path == AttentionPath::automatic && cross && !cross_on_kernels(spec, options.key_mask))
+    path = AttentionPath::aten;
   check_linear_attention_inputs(q, k_in, v_in, feature_params, spec, path, options.check_finite, options.key_mask);
   TORCH_CHECK(options.chunk >= 1, "linear_attention: options.chunk must be >= 1, got ", options.chunk);
   const bool kernels = path == AttentionPath::host_kernels || path == AttentionPath::cuda_kernels;
@@ -677,6 +696,11 @@ Tensor linear_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_in,
     return aten::linear_attention(q, k, v, params, spec, options.chunk, options.key_mask).to(q.scalar_type());
   }
   const Tensor params = feature_params.defined() ? feature_params : torch::empty({0}, q.options().dtype(torch::kFloat));
+  if (cross) {
+    LinearAttentionOptions o = options;
+    o.path = path;
+    return output_from_state_kernels(q, params, spec, packed_state_kernels(k_in, v_in, params, spec, q.size(2), o), o);
+  }
   if (options.cu_seqlens.defined()) {
     LinearAttentionOptions o = options;
     o.cu_seqlens = options.cu_seqlens.contiguous();
@@ -733,6 +757,57 @@ LinearAttentionStateOutput linear_attention_with_state(const Tensor& q, const Te
   res.out = r[0];
   if (output_final_state) res.final_state = {r[1], r[2]};
   return res;
+}
+
+Tensor packed_state_kernels(const Tensor& k, const Tensor& v, const Tensor& feature_params, const AttentionSpec& spec,
+                            int64_t heads, const LinearAttentionOptions& options) {
+  TORCH_CHECK(options.path == AttentionPath::host_kernels || options.path == AttentionPath::cuda_kernels,
+              "packed_state_kernels: options.path must be host_kernels or cuda_kernels, got ",
+              std::string(to_string(options.path)));
+  TORCH_CHECK(k.defined() && k.dim() == 4 && heads >= 1 && heads % k.size(2) == 0, "packed_state_kernels: k must be "
+              "4-D [batch, seq_k, heads_kv, head_dim] with heads_kv dividing heads = ", heads);
+  AttentionSpec causal = spec;
+  causal.causal = true;
+  LinearAttentionOptions op = options;
+  op.key_mask = Tensor();
+  op.cu_seqlens = Tensor();
+  // The stand-in queries' outputs are dropped; the final state does not depend on them.
+  const LinearAttentionStateOutput r =
+      linear_attention_with_state(repeat_kv_heads(k, heads).detach(), k, v, feature_params, causal, {}, true, op);
+  return spec.normalize ? torch::cat({r.final_state.S, r.final_state.z.unsqueeze(-1)}, -1) : r.final_state.S;
+}
+
+Tensor output_from_state_kernels(const Tensor& q, const Tensor& feature_params, const AttentionSpec& spec,
+                                 const Tensor& packed_state, const LinearAttentionOptions& options) {
+  const char* fn = "output_from_state_kernels";
+  TORCH_CHECK(options.path == AttentionPath::host_kernels || options.path == AttentionPath::cuda_kernels, fn,
+              ": options.path must be host_kernels or cuda_kernels, got ", std::string(to_string(options.path)));
+  TORCH_CHECK(q.defined() && q.dim() == 4, fn, ": q must be 4-D [batch, seq_q, heads, head_dim]");
+  const int64_t B = q.size(0), H = q.size(2), D = spec.feature_dim(), dv = spec.value_dim;
+  const int64_t cols = dv + (spec.normalize ? 1 : 0);
+  TORCH_CHECK(packed_state.defined() && packed_state.dim() == 4 && packed_state.size(0) == B &&
+                  packed_state.size(1) == H && packed_state.size(2) == D && packed_state.size(3) == cols,
+              fn, ": the packed state must be [batch, heads, D, dv", spec.normalize ? " + 1" : "", "] = [", B, ", ", H,
+              ", ", D, ", ", cols, "], got ", shape_string(packed_state));
+  TORCH_CHECK(cols <= limits::kValueDim.hi, fn, ": a normalized readout is a pass of value_dim dv + 1 = ", cols,
+              ", above the kernels' limit of ", limits::kValueDim.hi, "; use value_dim <= ", limits::kValueDim.hi - 1,
+              " or path aten");
+  AttentionSpec readout = spec;
+  readout.causal = true;
+  readout.normalize = false;
+  readout.value_dim = int(cols);
+  readout.dtype = DType::fp32;
+  LinearAttentionOptions op = options;
+  op.config.reset();  // a spec of its own: its tuned or default config
+  op.key_mask = Tensor();
+  op.cu_seqlens = Tensor();
+  const Tensor q32 = q.to(torch::kFloat);
+  const Tensor zeros_v = torch::zeros({B, q.size(1), H, cols}, q32.options());
+  const Tensor state = packed_state.to(torch::kFloat).contiguous();
+  const LinearAttentionState seed{state, torch::zeros({B, H, D}, state.options())};
+  const Tensor num = linear_attention_with_state(q32, q32.detach(), zeros_v, feature_params, readout, seed, false, op).out;
+  const Tensor out = spec.normalize ? num.narrow(-1, 0, dv) / (num.narrow(-1, dv, 1) + spec.eps) : num;
+  return out.to(q.scalar_type());
 }
 
 LinearAttentionStepOutput linear_attention_step(const Tensor& q, const Tensor& k_in, const Tensor& v_in,

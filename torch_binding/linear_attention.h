@@ -14,7 +14,10 @@
 // enable_gqa order), computed as if k and v were repeated g times over heads (a
 // copy on every path: no memory saving yet). Cross-attention: seq_k may differ
 // from seq_q when not causal (an error for causal specs and for cosformer,
-// whose features depend on the sequence length); ATen path only.
+// whose features depend on the sequence length); on the kernel paths through
+// the carried-state kernels (packed_state_kernels, then
+// output_from_state_kernels: two passes), not for performer nor with key_mask
+// (those run on path aten; automatic picks it).
 // key_mask (options): masked keys contribute nothing; cu_seqlens (options): a
 // packed variable-length batch [1, total, heads, dim]; see LinearAttentionOptions.
 //
@@ -132,6 +135,26 @@ LinearAttentionStateOutput linear_attention_with_state(const torch::Tensor& q, c
                                                        const LinearAttentionState& initial_state,
                                                        bool output_final_state,
                                                        const LinearAttentionOptions& options = {});
+
+// Non-causal attention in two halves on a kernel path (options.path
+// host_kernels or cuda_kernels; cross-attention and sequence parallelism use
+// them). packed_state_kernels: the state of k, v [batch, seq_k, heads_kv, dim]
+// for `heads` query heads, (S | z) packed as one fp32 [batch, heads, D, dv + 1]
+// tensor (dv when not spec.normalize): the final state of a zero-state causal
+// pass (linear_attention_with_state) over k, v, with k as stand-in queries.
+// output_from_state_kernels: o = phi(q) S / (phi(q) z + eps) (phi(q) S when not
+// normalized) for q [batch, seq_q, heads, head_dim] from such a packed state:
+// an unnormalized causal pass in fp32 over q seeded with the state and fed
+// v = 0, so the keys add nothing and its output is phi(q) (S | z) exactly, the
+// division in ATen; o in q's dtype. Both differentiable (backward kernels), in
+// k, v, q, feature_params and the state. Same spec support as
+// linear_attention_with_state (not performer, not cosformer); the normalized
+// readout needs value_dim + 1 <= 256.
+torch::Tensor packed_state_kernels(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& feature_params,
+                                   const AttentionSpec& spec, int64_t heads, const LinearAttentionOptions& options);
+torch::Tensor output_from_state_kernels(const torch::Tensor& q, const torch::Tensor& feature_params,
+                                        const AttentionSpec& spec, const torch::Tensor& packed_state,
+                                        const LinearAttentionOptions& options);
 
 struct LinearAttentionStepOutput {
   torch::Tensor out;           // [batch, 1, heads, value_dim]

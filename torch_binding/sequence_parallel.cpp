@@ -2,7 +2,6 @@
 // Shapes: B batch, n local tokens, H heads, D feature dim, dv value dim.
 #include "torch_binding/sequence_parallel.h"
 
-#include "common/input_limits.h"
 #include "torch_binding/aten_attention.h"
 #include "torch_binding/linear_attention.h"
 
@@ -18,58 +17,27 @@ int64_t sequence_parallel_payload_bytes(const AttentionSpec& spec, int64_t batch
 
 namespace {
 
-// The kernel paths (sequence_parallel.h, "Paths"): everything through
-// linear_attention_with_state, whose autograd runs the backward kernels; the
-// collectives and the packing of (S | z) are the ATen path's.
+// The kernel paths (sequence_parallel.h, "Paths"): the two halves of
+// non-causal attention on the kernels (linear_attention.h,
+// packed_state_kernels / output_from_state_kernels) and the carried-state op
+// for the causal pass, all differentiated by the backward kernels; the
+// collectives are the ATen path's.
 Tensor kernel_path(Communicator& comm, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& params,
                    const AttentionSpec& spec, const SequenceParallelOptions& options, AttentionPath path) {
-  const int64_t B = q.size(0), H = q.size(2), D = spec.feature_dim(), dv = spec.value_dim;
+  const int64_t H = q.size(2), dv = spec.value_dim;
   LinearAttentionOptions op;
   op.path = path;
   op.config = options.config;
-  AttentionSpec causal = spec;
-  causal.causal = true;
-
-  // This rank's delta: the final state of a zero-state causal pass over its
-  // k, v shard. Non-causal, the pass's queries are stand-ins (k itself) whose
-  // outputs are dropped: the state does not depend on them.
-  const Tensor q_state = spec.causal ? q : repeat_kv_heads(k, H).detach();
-  const LinearAttentionStateOutput local = linear_attention_with_state(q_state, k, v, params, causal, {}, true, op);
-  const Tensor S_r = local.final_state.S, z_r = local.final_state.z;  // fp32 (B, H, D, dv), (B, H, D)
-  const Tensor delta = spec.normalize ? torch::cat({S_r, z_r.unsqueeze(-1)}, -1) : S_r;
-  auto unpack = [&](const Tensor& packed) {
-    return LinearAttentionState{packed.narrow(-1, 0, dv).contiguous(),
-                                spec.normalize ? packed.select(-1, dv).contiguous() : torch::zeros_like(z_r)};
-  };
-
+  const Tensor delta = packed_state_kernels(k, v, params, spec, H, op);  // (B, H, D, dv [+ 1]): (S_r | z_r)
   if (spec.causal) {
-    const LinearAttentionState prefix = unpack(exclusive_prefix_over_ranks(comm, delta));
-    return linear_attention_with_state(q, k, v, params, spec, prefix, false, op).out;
+    const Tensor prefix = exclusive_prefix_over_ranks(comm, delta);
+    const LinearAttentionState seed{prefix.narrow(-1, 0, dv).contiguous(),
+                                    spec.normalize ? prefix.select(-1, dv).contiguous()
+                                                   : torch::zeros({prefix.size(0), H, prefix.size(2)},
+                                                                  prefix.options())};
+    return linear_attention_with_state(q, k, v, params, spec, seed, false, op).out;
   }
-
-  // o_i = phi(q_i) S / (phi(q_i) z + eps) from the summed (S | z): an
-  // unnormalized causal pass over q with v = 0 adds nothing to the carried
-  // state, so its output is phi(q_i) (S | z) exactly; in fp32 so that the
-  // numerator and the denominator are rounded once, by the division below.
-  TORCH_CHECK(delta.size(-1) <= limits::kValueDim.hi, "sequence_parallel_linear_attention: path ",
-              std::string(to_string(path)), " reads a normalized non-causal output through a pass of value_dim dv + 1 = ",
-              delta.size(-1), ", above the kernels' limit of ", limits::kValueDim.hi,
-              "; use value_dim <= ", limits::kValueDim.hi - 1, " or path aten");
-  const Tensor state = sum_over_ranks(comm, delta, options.reduction);  // (B, H, D, dv [+ 1])
-  const int64_t cols = state.size(-1);
-  AttentionSpec readout = causal;
-  readout.normalize = false;
-  readout.value_dim = int(cols);
-  readout.dtype = DType::fp32;
-  const Tensor q32 = q.to(torch::kFloat);
-  const Tensor zeros_v = torch::zeros({B, q.size(1), H, cols}, q32.options());
-  LinearAttentionOptions op_readout = op;
-  op_readout.config.reset();
-  const LinearAttentionState seed{state.contiguous(), torch::zeros({B, H, D}, state.options())};
-  const Tensor num = linear_attention_with_state(q32, q32.detach(), zeros_v, params, readout, seed, false, op_readout).out;
-  Tensor out = num;
-  if (spec.normalize) out = num.narrow(-1, 0, dv) / (num.narrow(-1, dv, 1) + spec.eps);
-  return out.to(q.scalar_type());
+  return output_from_state_kernels(q, params, spec, sum_over_ranks(comm, delta, options.reduction), op);
 }
 
 }  // namespace

@@ -104,7 +104,9 @@ def linear_attention(q, k, v, *, spec=None, family="luna", causal=None, params=N
     [batch, seq_k, heads_kv, value_dim] (fla's layout); head_first=True takes and
     returns [batch, heads, seq, dim]. heads_kv may divide heads (grouped-query
     attention: kv head j serves query heads j*g .. j*g+g-1, as SDPA's enable_gqa);
-    seq_k may differ from seq_q when not causal (cross-attention; path aten).
+    seq_k may differ from seq_q when not causal (cross-attention; on the kernel
+    paths in two passes of the carried-state kernels, not for performer or with
+    key_mask, which take path aten).
     key_mask: bool [batch, seq_k], True for real keys, False for padding (fla's
     attention_mask meaning, the opposite of torch's key_padding_mask): masked keys
     contribute nothing, so a padded batch equals per-sequence calls on the real

@@ -220,6 +220,16 @@ TEST_P(LinearAttentionOp, GradcheckDouble) {
 INSTANTIATE_TEST_SUITE_P(Families, LinearAttentionOp, ::testing::ValuesIn(all_cases(4, 3)),
                          [](const auto& info) { return info.param.name; });
 
+void expect_rejected(const std::function<void()>& fn, const std::string& message) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected an error containing: " << message;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos)
+        << "message: " << e.what_without_backtrace() << "\nexpected to contain: " << message;
+  }
+}
+
 // The host-emulated kernels against the ATen path: forward, and the gradients of
 // the backward kernels. Per head params only (the shared case runs the same
 // kernels with another block offset), d = dv = 8.
@@ -252,6 +262,41 @@ TEST_P(HostKernelPath, StridedFusedQkvSlices) {
   const Tensor o = linear_attention(fused.narrow(3, 0, d), fused.narrow(3, d, d), fused.narrow(3, 2 * d, spec.value_dim),
                                     in.params, spec, host);
   expect_close(o, linear_attention(in.q, in.k, in.v, in.params, spec), 1e-4, 1e-3, "fused qkv o");
+}
+
+// Cross-attention (seq_k = 13 != seq_q = 6) on the host kernels: the two-pass
+// composition (packed_state_kernels, output_from_state_kernels) against the
+// ATen path, forward and every gradient, same tolerance as MatchesAtenPath.
+// Causal specs, cosformer and performer are refused on the kernel path with
+// the reason (causal and cosformer on every path).
+TEST_P(HostKernelPath, CrossAttentionMatchesAtenPath) {
+  const AttentionSpec& spec = GetParam().spec;
+  Inputs in = random_inputs(spec, 2, 6, 2, torch::kFloat, 6);
+  torch::manual_seed(60);
+  in.k = torch::randn({2, 13, 1, spec.head_dim});  // and grouped-query: one kv head for two query heads
+  in.v = torch::randn({2, 13, 1, spec.value_dim});
+  LinearAttentionOptions host;
+  host.path = AttentionPath::host_kernels;
+  LinearAttentionOptions aten_opt;
+  aten_opt.path = AttentionPath::aten;
+  auto with = [&](const LinearAttentionOptions& o) {
+    return [&spec, o](Tensor q, Tensor k, Tensor v, Tensor p) { return linear_attention(q, k, v, p, spec, o); };
+  };
+  if (spec.causal || spec.family == Family::cosformer) {
+    expect_rejected([&] { with(host)(in.q, in.k, in.v, in.params); }, "needs seq_q == seq_k");
+    return;
+  }
+  if (spec.family == Family::performer) {
+    expect_rejected([&] { with(host)(in.q, in.k, in.v, in.params); },
+                    "which family performer lacks (its key stabiliser is a max over all keys); use path aten");
+    return;
+  }
+  const auto got = value_and_grads(in, with(host));
+  const auto want = value_and_grads(in, with(aten_opt));
+  for (int i = 0; i < 5; ++i) expect_close(got[i], want[i], 1e-4, 1e-3, std::string("cross, host kernels ") + kNames[i]);
+  LinearAttentionOptions masked = host;
+  masked.key_mask = torch::ones({2, 13}, torch::kBool);
+  expect_rejected([&] { with(masked)(in.q, in.k, in.v, in.params); }, "which take no key_mask; use path aten");
 }
 
 std::vector<Case> kernel_cases() {
@@ -321,16 +366,6 @@ TEST(HostKernelPath, AtenGradientFallbackMatches) {
 }
 
 // ---- bad inputs ------------------------------------------------------------
-
-void expect_rejected(const std::function<void()>& fn, const std::string& message) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted; expected an error containing: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(message), std::string::npos)
-        << "message: " << e.what_without_backtrace() << "\nexpected to contain: " << message;
-  }
-}
 
 class BadInputs : public ::testing::Test {
  protected:
@@ -416,7 +451,7 @@ TEST_F(BadInputs, CrossAttentionAndKeyMaskWhereNotSupported) {
   spec.causal = false;
   LinearAttentionOptions host;
   host.path = AttentionPath::host_kernels;
-  expect_rejected([&] { run(in.q, k7, v7, in.params, host); }, "path host_kernels needs seq_q == seq_k");
+  EXPECT_EQ(run(in.q, k7, v7, in.params, host).sizes(), in.q.sizes());  // on the kernels too (HostKernelPath)
   LinearAttentionOptions masked;
   masked.key_mask = torch::ones({2, 5}, torch::kBool);
   EXPECT_NO_THROW(run(in.q, in.k, in.v, in.params, masked));
