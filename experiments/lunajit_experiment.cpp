@@ -72,6 +72,9 @@ json default_config() {
       {"luna_projections", 8}, {"luna_channels", 8}, {"luna_mlp_width", 64},
       {"batch", 32}, {"epochs", 5}, {"lr", 1e-3}, {"weight_decay", 0.01}, {"warmup", 0.05},
       {"check_kernels", false}, {"check_steps", 3},
+      // train: where the linear attention runs (aten | host_kernels | cuda_kernels); on a kernel path
+      // the model's attention shapes are first tuned into the tuning database (tune, tune_top_k).
+      {"path", "aten"}, {"tune", true}, {"tune_top_k", 6},
       {"log_every", 10}, {"checkpoint_every", 100}, {"eval_batch", 256},
       // convert (docs/MATH.md §4)
       {"teacher_dir", ""}, {"teacher_epochs", 5}, {"distill_epochs", 1}, {"distill_lr", 1e-2},
@@ -162,6 +165,13 @@ void validate(const json& c) {
     if (!(getd(c, k) > 0 && getd(c, k) < 10)) throw Usage(fmt::format("{} = {}: must be in (0, 10)", k, getd(c, k)));
   if (!(getd(c, "warmup") >= 0 && getd(c, "warmup") < 1)) throw Usage("warmup: must be in [0, 1)");
   if (c.at("seeds").empty()) throw Usage("seeds: must list at least one seed");
+  const std::string path = gets(c, "path");
+  if (path != "aten" && path != "host_kernels" && path != "cuda_kernels")
+    throw Usage(fmt::format("path = \"{}\": must be aten, host_kernels or cuda_kernels", path));
+  if (path == "cuda_kernels" && !cuda_kernels_available())
+    throw Usage("path = \"cuda_kernels\": this build cannot run the CUDA kernels (LibTorch without CUDA, or no GPU); "
+                "use aten or host_kernels");
+  check_range(c, "tune_top_k", 0, 1000);
 }
 
 TaskOptions task_options(const json& c) {
@@ -389,6 +399,9 @@ struct Batch {
   Tensor input, labels, pad;
 };
 
+// Where train runs its model and batches: CUDA for path cuda_kernels, else the CPU.
+torch::Device g_device = torch::kCPU;
+
 Batch make_batch(const Dataset& d, const std::vector<int64_t>& idx) {
   const auto B = static_cast<int64_t>(idx.size());
   Tensor tok = torch::empty({B, d.seq}, torch::kUInt8);
@@ -403,6 +416,11 @@ Batch make_batch(const Dataset& d, const std::vector<int64_t>& idx) {
   else b.input = tok.to(torch::kLong);
   b.labels = d.per_token ? lab.to(torch::kLong) : lab.to(torch::kLong).reshape({B});
   if (d.pad_token >= 0) b.pad = tok.eq(d.pad_token);
+  if (g_device != torch::Device(torch::kCPU)) {
+    b.input = b.input.to(g_device);
+    b.labels = b.labels.to(g_device);
+    if (b.pad.defined()) b.pad = b.pad.to(g_device);
+  }
   return b;
 }
 
@@ -736,6 +754,51 @@ json check_kernels(const json& c, const Dataset& train, const std::string& att, 
           {"max_relative_difference", worst}, {"tolerance", 1e-4}};
 }
 
+AttentionPath path_of(const json& c) {
+  const std::string p = gets(c, "path");
+  return p == "host_kernels" ? AttentionPath::host_kernels
+         : p == "cuda_kernels" ? AttentionPath::cuda_kernels
+                               : AttentionPath::aten;
+}
+
+// "Autotune before training": on a kernel path, every distinct linear
+// attention spec of the model is tuned at the shapes it will see (the
+// training batch, forward and backward; the evaluation batch, forward) into
+// the tuning database the kernel paths read, and the configs are reported.
+// Self-attention over N = tokens (+ CLS) positions, the model's heads.
+json tune_model(const json& c, Model& model, AttentionPath path) {
+  if (path == AttentionPath::aten) return {{"path", "aten"}, {"note", "no kernels to tune on the ATen path"}};
+  if (!c.at("tune").get<bool>())
+    return {{"path", gets(c, "path")}, {"note", "tune = false: the tuning database's choice or the default config"}};
+  const int64_t N = model->tokens + (model->use_cls ? 1 : 0), H = geti(c, "heads");
+  std::map<std::string, AttentionSpec> specs;
+  for (const Block& b : model->blocks)
+    if (auto lin = std::dynamic_pointer_cast<nn::MultiheadLinearAttentionImpl>(b->attn))
+      specs.emplace(canonical_json(lin->linear()->spec()), lin->linear()->spec());
+  json out = json::array();
+  TuneAttentionOptions opt;
+  opt.top_k = static_cast<size_t>(geti(c, "tune_top_k"));
+  for (const auto& [text, spec] : specs) {
+    const ProblemShape train{int(geti(c, "batch")), int(H), int(N)}, eval{int(geti(c, "eval_batch")), int(H), int(N)};
+    std::vector<TunedConfig> got;
+    for (const auto& [pass, shapes] : {std::pair{Pass::forward, std::vector<ProblemShape>{train, eval}},
+                                       {Pass::backward, std::vector<ProblemShape>{train}}}) {
+      opt.passes = {pass};
+      for (TunedConfig& t : tune_attention(spec, shapes, path, g_device, opt)) got.push_back(std::move(t));
+    }
+    for (const TunedConfig& t : got) {
+      std::fprintf(stderr, "lunajit-experiment: %s %s batch %d heads %d seq %d -> %s (%s%s)\n",
+                   spec_hash(spec).substr(0, 8).c_str(), std::string(to_string(t.pass)).c_str(), t.shape.batch,
+                   t.shape.heads, t.shape.seq, t.config.to_string().c_str(), t.method.c_str(),
+                   t.from_db ? ", from the database" : t.saved ? ", tuned and saved" : ", tuned, not saved");
+      out.push_back({{"spec", json::parse(text)}, {"pass", to_string(t.pass)},
+                     {"shape", {t.shape.batch, t.shape.heads, t.shape.seq}}, {"config", t.config.to_json()},
+                     {"method", t.method}, {"from_db", t.from_db}, {"saved", t.saved}});
+    }
+  }
+  return {{"path", gets(c, "path")}, {"tuned", out}};
+}
+
 json train_run(const json& c, const fs::path& dir, bool resume) {
   RunDir run;
   run.dir = dir;
@@ -747,7 +810,11 @@ json train_run(const json& c, const fs::path& dir, bool resume) {
   json kernel_check;
   if (c.at("check_kernels").get<bool>()) kernel_check = check_kernels(c, data.train, att, seed);
   torch::manual_seed(seed);
-  Model model(c, data.train, att, seed);
+  const AttentionPath path = path_of(c);
+  g_device = path == AttentionPath::cuda_kernels ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  Model model(c, data.train, att, seed, path);
+  model->to(g_device);
+  const json kernel_configs = tune_model(c, model, path);
   const int64_t eb = geti(c, "eval_batch");
   Phase p;
   p.name = "train";
@@ -771,6 +838,7 @@ json train_run(const json& c, const fs::path& dir, bool resume) {
               {"train_seconds", r.seconds}, {"tokens_per_second", r.seconds > 0 ? r.tokens / r.seconds : 0.0},
               {"data", data.description}};
   if (!kernel_check.is_null()) res["check_kernels"] = kernel_check;
+  res["kernel_configs"] = kernel_configs;
   write_text(dir / "results.json", res.dump(2) + "\n");
   plot_curves(dir, fmt::format("{} / {}", gets(c, "task"), att));
   plot_bars(dir / "results.svg", fmt::format("{} / {} (seed {})", gets(c, "task"), att, seed),
@@ -1213,7 +1281,9 @@ int run_command(const std::string& command, json cfg, const std::string& out, bo
     cfg["git_revision"] = git_revision();
     cfg["threads_used"] = cfg.at("threads");
     cfg["torch_version"] = TORCH_VERSION;
-    cfg["path"] = "aten (CPU)";
+    if (command != "train" && gets(cfg, "path") != "aten")
+      throw Usage(fmt::format("path = \"{}\": {} runs on the ATen path only (path is a train setting)",
+                              gets(cfg, "path"), command));
     write_text(dir / "config.json", cfg.dump(2) + "\n");
   }
   torch::set_num_threads(static_cast<int>(geti(cfg, "threads")));

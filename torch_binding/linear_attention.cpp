@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "autotune/timer.h"
 #include "autotune/tuner.h"
 #include "common/input_limits.h"
 #include "cache/binary_cache.h"
@@ -133,24 +134,37 @@ KernelTarget kernel_target(AttentionPath path, const Tensor& q) {
 #endif
 }
 
-TileConfig kernel_config(const KernelTarget& target, const AttentionSpec& spec, const LinearAttentionOptions& opts,
-                         Pass pass, const ProblemShape& shape) {
-  if (opts.config) return *opts.config;
-  // One database per device, opened once per process (a lookup reads memory).
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<TuningDb>> dbs;
+// The arch a target's configs are chosen for: the GPU's, or sm_90's limits for the host emulator.
+Arch target_arch(const KernelTarget& target) {
   static const Arch sm90 = arch_from_sm(90).value_or_throw();
-  const Arch arch = target.arch ? *target.arch : sm90;
-  std::lock_guard lock(mutex);
+  return target.arch ? *target.arch : sm90;
+}
+
+// One database per device, opened once per process (a lookup reads memory);
+// tune_attention tunes into the same object, so what it stores is what the
+// kernel paths then look up. Call with db_mutex() held.
+std::mutex& db_mutex() {
+  static std::mutex m;
+  return m;
+}
+TuningDb& device_db(const KernelTarget& target) {
+  static std::map<std::string, std::unique_ptr<TuningDb>> dbs;
   auto& db = dbs[target.device_key];
   if (!db) {
-    DeviceFingerprint fp = model_fingerprint(arch);
+    DeviceFingerprint fp = model_fingerprint(target_arch(target));
 #if LUNAJIT_TORCH_CUDA
     if (target.arch) fp = device_fingerprint(static_cast<CudaBackend*>(target.backend)->device());
 #endif
     db = std::make_unique<TuningDb>(BinaryCache::default_dir(), fp);
   }
-  return choose_config(*db, spec, pass, shape, arch).config;
+  return *db;
+}
+
+TileConfig kernel_config(const KernelTarget& target, const AttentionSpec& spec, const LinearAttentionOptions& opts,
+                         Pass pass, const ProblemShape& shape) {
+  if (opts.config) return *opts.config;
+  std::lock_guard lock(db_mutex());
+  return choose_config(device_db(target), spec, pass, shape, target_arch(target)).config;
 }
 
 // Runs `launch` on the target. On CUDA: under the tensor's device guard, and
@@ -808,6 +822,54 @@ Tensor output_from_state_kernels(const Tensor& q, const Tensor& feature_params, 
   const Tensor num = linear_attention_with_state(q32, q32.detach(), zeros_v, feature_params, readout, seed, false, op).out;
   const Tensor out = spec.normalize ? num.narrow(-1, 0, dv) / (num.narrow(-1, dv, 1) + spec.eps) : num;
   return out.to(q.scalar_type());
+}
+
+std::vector<TunedConfig> tune_attention(const AttentionSpec& spec, const std::vector<ProblemShape>& shapes,
+                                        AttentionPath path, const torch::Device& device,
+                                        const TuneAttentionOptions& options) {
+  const char* fn = "tune_attention";
+  TORCH_CHECK(path == AttentionPath::host_kernels || path == AttentionPath::cuda_kernels, fn,
+              ": path must be host_kernels or cuda_kernels (what is tuned is the kernels), got ",
+              std::string(to_string(path)));
+  TORCH_CHECK(!shapes.empty(), fn, ": no shapes to tune");
+  for (const ProblemShape& sh : shapes)
+    TORCH_CHECK(sh.batch >= 1 && sh.heads >= 1 && sh.seq >= 1, fn, ": shape (batch ", sh.batch, ", heads ", sh.heads,
+                ", seq ", sh.seq, ") must have every size >= 1");
+  const Status valid = validate(spec);
+  TORCH_CHECK(valid.ok(), fn, ": spec: ", valid.ok() ? "" : valid.error().message);
+  const Status env = BinaryCache::check_environment();
+  TORCH_CHECK(env.ok(), fn, ": ", env.ok() ? "" : env.error().message);
+  const Tensor probe = torch::empty({0}, torch::TensorOptions().device(device));
+  TORCH_CHECK(path != AttentionPath::host_kernels || device.is_cpu(), fn, ": path host_kernels tunes for CPU "
+              "tensors, device is ", device.str());
+  const KernelTarget target = kernel_target(path, probe);
+  TuneOptions opt;
+  opt.arch = target_arch(target);
+  opt.shapes = shapes;
+  opt.passes = options.passes;
+  opt.top_k = options.top_k;
+  opt.threads = options.threads;
+  opt.retune = options.retune;
+  std::vector<TunedConfig> out;
+  opt.on_result = [&](const TuneResult& r) {
+    out.push_back({r.pass, r.shape, r.chosen, r.method, r.from_db, r.saved});
+  };
+  std::lock_guard lock(db_mutex());
+  TuningDb& db = device_db(target);
+  std::unique_ptr<Timer> timer;
+  Backend* timing = nullptr;
+#if LUNAJIT_TORCH_CUDA
+  if (path == AttentionPath::cuda_kernels) {
+    timer = make_cuda_event_timer(*static_cast<CudaBackend*>(target.backend));
+    timing = target.backend;
+  }
+#endif
+  // On a GPU the candidates are checked and timed there; on the host checked
+  // by the emulator and ranked by the cost model for sm_90.
+  Tuner tuner(db, *target.backend, opt, timer.get(), timing);
+  auto results = tuner.tune(spec);
+  TORCH_CHECK(results.ok(), fn, ": ", results.ok() ? "" : results.error().message);
+  return out;
 }
 
 LinearAttentionStepOutput linear_attention_step(const Tensor& q, const Tensor& k_in, const Tensor& v_in,

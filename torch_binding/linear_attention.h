@@ -48,6 +48,7 @@
 #include <torch/torch.h>
 
 #include "codegen/attention_spec.h"
+#include "codegen/launch_plan.h"
 #include "codegen/tile_config.h"
 #include "torch_binding/aten_attention.h"
 
@@ -155,6 +156,31 @@ torch::Tensor packed_state_kernels(const torch::Tensor& k, const torch::Tensor& 
 torch::Tensor output_from_state_kernels(const torch::Tensor& q, const torch::Tensor& feature_params,
                                         const AttentionSpec& spec, const torch::Tensor& packed_state,
                                         const LinearAttentionOptions& options);
+
+// Tunes the kernels of `spec` at `shapes` into the tuning database the kernel
+// paths read (options.config unset), the "autotune before training" step:
+// path cuda_kernels on `device` (a CUDA device: candidates checked and timed
+// there, CUDA events), or host_kernels (checked by the host emulator, ranked by
+// the cost model for sm_90, whose limits the emulator runs under). Shapes
+// already in the database are served from it (unless options.retune). Returns
+// one entry per (pass, shape): the config the kernel paths will now use.
+struct TuneAttentionOptions {
+  std::vector<Pass> passes;  // empty: every tunable pass (forward and backward)
+  size_t top_k = 6;          // candidates per shape after the cost model's pre-ranking (autotune/tuner.h)
+  int threads = 0;           // compile/check workers; 0: every core
+  bool retune = false;
+};
+struct TunedConfig {
+  Pass pass;
+  ProblemShape shape;
+  TileConfig config;
+  std::string method;  // "measured" | "model-ranked"
+  bool from_db = false;
+  bool saved = false;  // stored in the database file (false: this process only)
+};
+std::vector<TunedConfig> tune_attention(const AttentionSpec& spec, const std::vector<ProblemShape>& shapes,
+                                        AttentionPath path, const torch::Device& device,
+                                        const TuneAttentionOptions& options = {});
 
 struct LinearAttentionStepOutput {
   torch::Tensor out;           // [batch, 1, heads, value_dim]

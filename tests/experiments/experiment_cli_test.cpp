@@ -39,8 +39,9 @@ class ExperimentCli : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
   // Arguments are single-quoted for the shell (none of ours holds a quote).
-  CliRun run(const std::vector<std::string>& args) {
-    std::string cmd = std::string("'") + LUNAJIT_EXPERIMENT + "'";
+  CliRun run(const std::vector<std::string>& args, const std::string& cache_dir = "") {
+    std::string cmd = cache_dir.empty() ? "" : "LUNAJIT_CACHE_DIR='" + cache_dir + "' ";
+    cmd += std::string("'") + LUNAJIT_EXPERIMENT + "'";
     for (const auto& a : args) cmd += " '" + a + "'";
     const fs::path err = dir_ / "stderr.txt";
     cmd += " > '" + (dir_ / "stdout.txt").string() + "' 2> '" + err.string() + "'";
@@ -179,6 +180,54 @@ TEST_F(ExperimentCli, CheckKernelsRunsTheFirstStepsOnTheHostKernels) {
   EXPECT_NE(r.err.find("check-kernels step 1"), std::string::npos) << r.err;
 }
 
+// "Autotune before training" on the host kernels (a cache of its own, so the
+// tuning database starts empty): the model's luna spec is tuned at the
+// training batch (forward, backward) and the evaluation batch (forward), the
+// run trains on the tuned kernels and reports the configs; its losses follow
+// the ATen run's (fp32 both, summation order differs: 1e-3 relative after 24
+// AdamW steps, measured ~1e-7); a second run takes every config from the
+// database and repeats the first bit for bit.
+TEST_F(ExperimentCli, TrainOnHostKernelsTunesTheModelFirst) {
+  const std::string cache = out("cache");
+  const auto args = with(with({"train", "--task", "counting", "--attention", "luna"}, kToy),
+                         {"--set", "epochs=1", "--set", "path=host_kernels", "--set", "tune_top_k=2"});
+  const CliRun r = run(with(args, {"--out", out("k")}), cache);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json res = read_json(fs::path(out("k")) / "results.json");
+  const json kc = res.at("kernel_configs");
+  EXPECT_EQ(kc.at("path"), "host_kernels");
+  ASSERT_EQ(kc.at("tuned").size(), 3u) << kc.dump();
+  const json cfg = read_json(fs::path(out("k")) / "config.json");
+  const char* passes[] = {"forward", "forward", "backward"};
+  const int64_t batches[] = {cfg.at("batch").get<int64_t>(), cfg.at("eval_batch").get<int64_t>(),
+                             cfg.at("batch").get<int64_t>()};
+  for (size_t i = 0; i < 3; ++i) {
+    const json& t = kc["tuned"][i];
+    EXPECT_EQ(t.at("pass"), passes[i]) << t.dump();
+    EXPECT_EQ(t.at("shape")[0].get<int64_t>(), batches[i]) << t.dump();
+    EXPECT_EQ(t.at("spec").at("family"), "luna");
+    EXPECT_EQ(t.at("method"), "model-ranked");
+    EXPECT_FALSE(t.at("from_db").get<bool>());
+    EXPECT_TRUE(t.at("saved").get<bool>());
+  }
+  EXPECT_NE(r.err.find("tuned and saved"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(fs::path(cache) / "tuning")) << "the tuning database lives in the cache directory";
+  EXPECT_LT(res.at("final_loss").get<double>(), res.at("first_loss").get<double>());
+
+  const auto aten_args = with(with({"train", "--task", "counting", "--attention", "luna"}, kToy), {"--set", "epochs=1"});
+  ASSERT_EQ(run(with(aten_args, {"--out", out("a")})).code, 0);
+  const json aten = read_json(fs::path(out("a")) / "results.json");
+  EXPECT_NEAR(res["final_loss"].get<double>(), aten.at("final_loss").get<double>(),
+              1e-3 * aten["final_loss"].get<double>());
+
+  const CliRun again = run(with(args, {"--out", out("k2")}), cache);
+  ASSERT_EQ(again.code, 0) << again.err;
+  const json res2 = read_json(fs::path(out("k2")) / "results.json");
+  for (const json& t : res2.at("kernel_configs").at("tuned")) EXPECT_TRUE(t.at("from_db").get<bool>()) << t.dump();
+  EXPECT_EQ(res2.at("final_loss"), res.at("final_loss"));
+  EXPECT_EQ(res2.at("test_accuracy"), res.at("test_accuracy"));
+}
+
 TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
   CliRun r = run({"train", "--task", "sort", "--set", "lr=-1", "--out", out("x")});
   EXPECT_EQ(r.code, 2);
@@ -199,6 +248,12 @@ TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("cosformer cannot mask padding"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(fs::path(out("z")) / "config.json")) << "rejected before the run directory is made";
+  r = run({"train", "--task", "sort", "--quick", "--set", "path=gpu", "--out", out("x")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("path = \"gpu\": must be aten, host_kernels or cuda_kernels"), std::string::npos) << r.err;
+  r = run({"convert", "--task", "sort", "--quick", "--set", "path=host_kernels", "--out", out("y")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("convert runs on the ATen path only"), std::string::npos) << r.err;
   r = run({"train", "--resume", out("none")});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("no config.json"), std::string::npos) << r.err;
