@@ -865,8 +865,11 @@ std::vector<TunedConfig> tune_attention(const AttentionSpec& spec, const std::ve
   }
 #endif
   // On a GPU the candidates are checked and timed there; on the host checked
-  // by the emulator and ranked by the cost model for sm_90.
-  Tuner tuner(db, *target.backend, opt, timer.get(), timing);
+  // by the emulator, on a host backend of the tune's own (as `lunajit tune`
+  // does: the kernels it loads go with it), and ranked by the cost model for sm_90.
+  std::unique_ptr<Backend> own_host;
+  if (path == AttentionPath::host_kernels) own_host = make_host_backend();
+  Tuner tuner(db, own_host ? *own_host : *target.backend, opt, timer.get(), timing);
   auto results = tuner.tune(spec);
   TORCH_CHECK(results.ok(), fn, ": ", results.ok() ? "" : results.error().message);
   return out;
