@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -229,34 +230,27 @@ TEST_F(ExperimentCli, TrainOnHostKernelsTunesTheModelFirst) {
 }
 
 TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
-  CliRun r = run({"train", "--task", "sort", "--set", "lr=-1", "--out", out("x")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("lr = -1"), std::string::npos) << r.err;
-  r = run({"train", "--task", "sort", "--set", "lrr=0.1", "--out", out("x")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("\"lrr\" is not a setting"), std::string::npos) << r.err;
-  r = run({"train", "--task", "nope", "--quick", "--out", out("x")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("task = \"nope\""), std::string::npos) << r.err;
-  r = run({"train", "--task", "sort", "--attention", "lunaa", "--quick", "--out", out("x")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("attention = \"lunaa\""), std::string::npos) << r.err;
-  r = run({"convert", "--task", "sort", "--to", "softmax", "--quick", "--out", out("y")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("to = \"softmax\""), std::string::npos) << r.err;
-  r = run({"train", "--task", "listops", "--attention", "cosformer", "--quick", "--out", out("z")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("cosformer cannot mask padding"), std::string::npos) << r.err;
+  // Each command exits 2 with a message containing the text next to it.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"train", "--task", "sort", "--set", "lr=-1", "--out", out("x")}, "lr = -1"},
+      {{"train", "--task", "sort", "--set", "lrr=0.1", "--out", out("x")}, "\"lrr\" is not a setting"},
+      {{"train", "--task", "nope", "--quick", "--out", out("x")}, "task = \"nope\""},
+      {{"train", "--task", "sort", "--attention", "lunaa", "--quick", "--out", out("x")}, "attention = \"lunaa\""},
+      {{"convert", "--task", "sort", "--to", "softmax", "--quick", "--out", out("y")}, "to = \"softmax\""},
+      {{"train", "--task", "listops", "--attention", "cosformer", "--quick", "--out", out("z")},
+       "cosformer cannot mask padding"},
+      {{"train", "--task", "sort", "--quick", "--set", "path=gpu", "--out", out("x")},
+       "path = \"gpu\": must be aten, host_kernels or cuda_kernels"},
+      {{"convert", "--task", "sort", "--quick", "--set", "path=host_kernels", "--out", out("y")},
+       "convert runs on the ATen path only"},
+      {{"train", "--resume", out("none")}, "no config.json"},
+  };
+  for (const auto& [args, message] : bad) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args[0] << " expecting: " << message;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
   EXPECT_FALSE(fs::exists(fs::path(out("z")) / "config.json")) << "rejected before the run directory is made";
-  r = run({"train", "--task", "sort", "--quick", "--set", "path=gpu", "--out", out("x")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("path = \"gpu\": must be aten, host_kernels or cuda_kernels"), std::string::npos) << r.err;
-  r = run({"convert", "--task", "sort", "--quick", "--set", "path=host_kernels", "--out", out("y")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("convert runs on the ATen path only"), std::string::npos) << r.err;
-  r = run({"train", "--resume", out("none")});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("no config.json"), std::string::npos) << r.err;
 }
 
 }  // namespace

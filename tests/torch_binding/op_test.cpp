@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "checks.h"
 #include "codegen/feature_params.h"
 #include "plain_composition.h"
 #include "reference/reference.h"
@@ -32,6 +33,8 @@ namespace lunajit {
 namespace {
 
 using torch::Tensor;
+using testing::expect_close;
+using testing::expect_rejected;
 
 // Small specs of every family (and the luna variants), head_dim d, value_dim dv.
 std::vector<std::pair<std::string, AttentionSpec>> small_specs(int d, int dv) {
@@ -99,13 +102,6 @@ Inputs random_inputs(const AttentionSpec& spec, int B, int N, int H, torch::Scal
 }
 
 // max |a - b| <= atol + rtol * max |b|
-void expect_close(const Tensor& a, const Tensor& b, double atol, double rtol, const std::string& what) {
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  if (b.numel() == 0) return;
-  const double err = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-  const double scale = b.numel() ? b.to(torch::kDouble).abs().max().item<double>() : 0.0;
-  EXPECT_LE(err, atol + rtol * scale) << what << ": max abs error " << err << ", max |ref| " << scale;
-}
 
 // {o, dq, dk, dv, dparams} of fn on leaves copied from `in`, for upstream dout.
 std::vector<Tensor> value_and_grads(const Inputs& in,
@@ -220,15 +216,6 @@ TEST_P(LinearAttentionOp, GradcheckDouble) {
 INSTANTIATE_TEST_SUITE_P(Families, LinearAttentionOp, ::testing::ValuesIn(all_cases(4, 3)),
                          [](const auto& info) { return info.param.name; });
 
-void expect_rejected(const std::function<void()>& fn, const std::string& message) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted; expected an error containing: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(message), std::string::npos)
-        << "message: " << e.what_without_backtrace() << "\nexpected to contain: " << message;
-  }
-}
 
 // The host-emulated kernels against the ATen path: forward, and the gradients of
 // the backward kernels. Per head params only (the shared case runs the same

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "checks.h"
 #include "codegen/launch_plan.h"
 #include "reference/reference.h"
 #include "torch_binding/linear_attention.h"
@@ -35,6 +36,8 @@ namespace lunajit {
 namespace {
 
 using torch::Tensor;
+using testing::expect_close;
+using testing::expect_rejected;
 
 AttentionSpec make_spec(const std::string& family, const std::string& extra, bool causal) {
   const std::string json = fmt::format(R"({{"family": "{}", "head_dim": 8, "value_dim": 8, "dtype": "fp32", "causal": {}{}{}}})",
@@ -93,13 +96,6 @@ Inputs packed_inputs(const AttentionSpec& spec, int64_t total, uint64_t seed) {
   return in;
 }
 
-void expect_close(const Tensor& a, const Tensor& b, double atol, double rtol, const std::string& what) {
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  if (b.numel() == 0) return;
-  const double err = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-  const double scale = b.to(torch::kDouble).abs().max().item<double>();
-  EXPECT_LE(err, atol + rtol * scale) << what << ": max abs error " << err << ", max |ref| " << scale;
-}
 
 using Fn = std::function<Tensor(Tensor, Tensor, Tensor, Tensor)>;
 
@@ -306,15 +302,6 @@ TEST(VarlenModules, MultiheadKeyPaddingMaskOnHostKernels) {
 
 // ---- bad cu_seqlens ----------------------------------------------------------
 
-void expect_rejected(const std::function<void()>& fn, const std::string& message) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted; expected an error containing: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(message), std::string::npos)
-        << "message: " << e.what_without_backtrace() << "\nexpected to contain: " << message;
-  }
-}
 
 TEST(VarlenBadInputs, EachProblemIsNamed) {
   const AttentionSpec spec = make_spec("elu", "", false);
