@@ -611,18 +611,19 @@ TEST_F(ReportFiles, HtmlRendersInHeadlessChromiumWithTheChartsDrawn) {
   struct Expected { std::vector<const char*> colors; };
   std::vector<Expected> charts;
   std::vector<std::string> keys;
-  bool measured = false;
+  std::set<std::string> measured;  // keys with a measured kernel (on a GPU: the forward passes)
   for (const auto& k : report_["kernels"]) {
-    measured = measured || !k["measured"].is_null();
     if (k["predicted"].is_null()) continue;
     std::string key = k["pass"].get<std::string>() + (k["causal"].get<bool>() ? "c" : "");
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    if (!k["measured"].is_null()) measured.insert(key);
   }
   const std::vector<const char*> arch_colors = {kSeriesColors[0], kSeriesColors[1], kSeriesColors[2]};
   charts.push_back({arch_colors});  // layer time, LUNA and both baselines per arch
-  for (size_t i = 0; i < keys.size(); ++i) {
-    charts.push_back({arch_colors});                 // time: one line per arch
-    if (measured) charts.push_back({arch_colors});   // fraction
+  for (const std::string& key : keys) {
+    charts.push_back({arch_colors});  // time: one line per arch
+    // fraction: the measured arch only (the others have no measurement)
+    if (measured.count(key)) charts.push_back({{}});
   }
   for (int a = 0; a < 3; ++a) charts.push_back({{kResourceColors[0], kResourceColors[1], kResourceColors[2]}});
   const int charts_top = kHeaderHeight + summary_html_height(report_["summary"]);
@@ -671,6 +672,12 @@ TEST(ReportOnGpu, MeasuredTimesOfTheDevicesArch) {
                 1e-6 * m["gbps"].get<double>());
   }
   EXPECT_GE(measured, 3);
+  // The summary takes the measured forward and says the total mixes it with the predicted backward.
+  const json& cell = (*r)["summary"]["rows"][0]["cells"][0];
+  EXPECT_EQ(cell["forward_source"], "measured");
+  EXPECT_EQ(cell["backward_source"], "predicted");
+  EXPECT_EQ(cell["total_source"], "mixed");
+  EXPECT_NE(render_html(*r).find("Fraction of roofline by sequence length: forward"), std::string::npos);
 }
 
 // ------------------------------------------------------------------ CLI and compare
