@@ -33,6 +33,7 @@ Result<report::ReportOptions> options_from(const ReportArgs& a) {
   o.compile = !a.no_compile;
   if (a.repeats < 1) return Error::invalid(fmt::format("--repeats = {}: must be >= 1", a.repeats));
   o.measure_repeats = a.repeats;
+  o.reference = a.reference;
   return o;
 }
 
@@ -80,16 +81,23 @@ ReportCommand add_report_command(CLI::App& app, ReportArgs& a) {
                      "shared-memory bank-conflict sites");
   c.report->add_flag("--no-compile", a.no_compile, "skip NVRTC (no registers, spills or occupancy)");
   c.report->add_option("--repeats", a.repeats, "launches per timed kernel on a GPU");
-  c.compare = c.report->add_subcommand("compare", "lay several report.json side by side (compare.md, compare.html)");
+  c.report->add_option("--reference", a.reference,
+                       "the arch the summary's speedups are relative to (default: the first --arch)");
+  c.compare = c.report->add_subcommand("compare", "several report.json on one multi-arch page: the summary with "
+                                                   "baselines and crossover, charts, kernels side by side "
+                                                   "(compare.md, compare.html)");
   c.compare->add_option("REPORTS", a.compare_inputs, "report JSON files")->required();
   c.compare->add_option("--out", a.compare_out, "output directory");
+  c.compare->add_option("--reference", a.compare_reference,
+                        "the summary column speedups are relative to: \"label arch\", an arch or a label "
+                        "(default: the first column)");
   return c;
 }
 
 int run_report_command(const ReportCommand& c, const ReportArgs& a, bool as_json) {
   if (c.compare && *c.compare) {
     std::vector<std::filesystem::path> paths(a.compare_inputs.begin(), a.compare_inputs.end());
-    if (auto st = report::write_compare(paths, a.compare_out); !st) return fail(st.error());
+    if (auto st = report::write_compare(paths, a.compare_out, a.compare_reference); !st) return fail(st.error());
     print_written(a.compare_out, {"compare.md", "compare.html"}, as_json, {{"reports", paths.size()}});
     return 0;
   }

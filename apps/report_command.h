@@ -1,8 +1,8 @@
 // `lunajit report`: kernel reports (report/) from the command line.
 //
 //   lunajit report SPEC --arch sm_80,sm_90 --shapes 2,8,1024[;B,H,N...] --out DIR
-//                  [--causal spec|both] [--no-measure] [--no-compile] [--repeats R]
-//   lunajit report compare A.json B.json ... --out DIR
+//                  [--causal spec|both] [--no-measure] [--no-compile] [--repeats R] [--reference ARCH]
+//   lunajit report compare A.json B.json ... --out DIR [--reference COLUMN]
 //
 // The first writes DIR/report.json, report.md and report.html; the second
 // DIR/compare.md and compare.html. Exit codes as every command: 0, 2 for bad
@@ -28,8 +28,10 @@ struct ReportArgs {
   bool bank_profile = false;  // --bank-profile
   bool no_compile = false;
   int repeats = 20;
+  std::string reference;          // --reference: the summary's speedup reference (default: the first arch)
   std::vector<std::string> compare_inputs;
   std::string compare_out = "lunajit-compare";
+  std::string compare_reference;  // compare --reference: a column "label arch", an arch or a label
 };
 
 struct ReportCommand {

@@ -1,5 +1,6 @@
 #include "report/kernel_report.h"
 
+#include <algorithm>
 #include <charconv>
 #include <ctime>
 #include <map>
@@ -15,6 +16,7 @@
 #include "codegen/cost_model.h"
 #include "report/measure.h"
 #include "report/ptx_census.h"
+#include "report/summary.h"
 #include "report/occupancy.h"
 #include "autotune/validation.h"
 #include "runtime/host/host_backend.h"
@@ -152,8 +154,12 @@ class ResourceTable {
 ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape) {
   const TuningDb db(BinaryCache::default_dir(), model_fingerprint(arch));
   const ConfigChoice choice = choose_config(db, spec, pass, shape, arch);
-  if (choice.from == LookupKind::none) return {choice.config, "default (untuned)"};
-  return {choice.config, fmt::format("{} ({} bucket)", choice.method, to_string(choice.from))};
+  if (choice.from == LookupKind::none) return {choice.config, "default (untuned)", false, ""};
+  // The bucket of the entry the choice came from (for "nearest", not the shape's own).
+  const TuningLookup hit = db.lookup(tuning_key(spec, pass, shape));
+  const std::string bucket =
+      hit.entry ? fmt::format("seq{}/bh{}", hit.entry->key.bucket.seq, hit.entry->key.bucket.batch_heads) : "";
+  return {choice.config, fmt::format("{} ({} bucket {})", choice.method, to_string(choice.from), bucket), true, bucket};
 }
 
 Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt) {
@@ -162,6 +168,9 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
   if (opt.shapes.empty()) return Error::invalid("shapes: empty; expected B,H,N[;B,H,N...]");
   for (const auto& s : opt.shapes)
     if (auto st = validate(s); !st) return st.error();
+  if (!opt.reference.empty() &&
+      std::none_of(opt.archs.begin(), opt.archs.end(), [&](const Arch& a) { return a.name() == opt.reference; }))
+    return Error::invalid(fmt::format("--reference {}: not one of the report's archs", opt.reference));
 
   json notes = json::array();
   std::unique_ptr<CudaBackend> gpu;
@@ -240,7 +249,8 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
             k["name_expression"] = entry.name_expression;
             k["shape"] = shape_json(shape);
             k["config"] = {{"tile", choice.config.to_json()}, {"string", choice.config.to_string()},
-                           {"how", choice.how}};
+                           {"how", choice.how}, {"tuned", choice.tuned},
+                           {"bucket", choice.tuned ? json(choice.bucket) : json(nullptr)}};
 
             const KernelLaunch* launch = nullptr;
             if (plan) {
@@ -368,6 +378,9 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
   report["passes"] = passes;
   report["kernels"] = kernels;
   report["notes"] = notes;
+  auto summary = build_summary({report}, {""}, opt.reference);
+  if (!summary) return summary.error();
+  report["summary"] = std::move(*summary);
   return report;
 }
 

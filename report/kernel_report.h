@@ -6,7 +6,8 @@
 // limiting resource on the arch's representative GPU (codegen/cost_model.h,
 // codegen/gpu_specs.h), the tile config and how it was chosen; on a GPU of
 // one of the archs also the measured time, achieved GB/s and TFLOP/s and the
-// fraction of the roofline (the model's largest limb at peak).
+// fraction of the roofline (the model's largest limb at peak); and the
+// hardware-comparison summary of all of it (report/summary.h) as "summary".
 //
 // The report is a JSON document (schema: docs/report_schema.json, version
 // kReportSchemaVersion); the Markdown and HTML renderings (report/render.h) are
@@ -51,16 +52,21 @@ struct ReportOptions {
   // at shape (1, 1, min(seq of the first shape, 128)); the report gains
   // "bank_conflicts" (the sites with the most wavefronts above conflict-free).
   bool bank_profile = false;
+  // The arch whose column the summary's speedups are relative to (report/summary.h);
+  // empty: the first of `archs`. Error when it is not one of them.
+  std::string reference;
 };
 
 // The tile config a report uses for (spec, arch, shape) and how it was chosen:
 // the tuning database of the arch's model fingerprint (what `lunajit tune
 // --arch` writes without a GPU; autotune/tuner.h choose_config: exact bucket,
-// else nearest, else the default), e.g. "model-ranked (exact bucket)" or
-// "default (untuned)".
+// else nearest, else the default), e.g. "model-ranked (exact bucket
+// seq1024/bh8)" (the bucket of the database entry used) or "default (untuned)".
 struct ReportConfig {
   TileConfig config;
   std::string how;
+  bool tuned = false;  // from the tuning database
+  std::string bucket;  // the entry's shape bucket, "seq1024/bh8"; empty when not tuned
 };
 ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape);
 

@@ -5,12 +5,14 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "report/kernel_report.h"
 #include "report/report_reader.h"
+#include "report/summary.h"
 #include "report/svg_chart.h"
 
 namespace lunajit::report {
@@ -61,8 +63,10 @@ std::vector<std::pair<std::string, std::string>> summary(const json& r) {
 const char* kMethod =
     "Bytes are compulsory DRAM traffic (inputs read once, outputs written once, workspace written and read once, "
     "parameters once); FLOPs are the arithmetic the kernels execute (FMA = 2, any other op or special function = 1), "
-    "including the feature map recomputed per dv block. Predicted time = max(bytes / DRAM bandwidth, FLOPs / FP32 "
-    "peak) on the arch's GPU (no tensor cores yet). Occupancy is theoretical: blocks per SM limited by threads, "
+    "including the feature map recomputed per dv block. Predicted time (the cost model): the largest of the DRAM, "
+    "tensor-core, FP32, shared-memory and SFU times at the arch's GPU's peak rates, over the launch's efficiency "
+    "(SM fill, latency hiding, waves), plus the causal walk's serial latency and 3 us per launch. Baselines and the "
+    "crossover: codegen/baseline_model.h (the summary states the formulas). Occupancy is theoretical: blocks per SM limited by threads, "
     "registers (256 per warp allocation unit, 4 sub-partitions), shared memory (128 B units + 1 KiB reserved per "
     "block on sm_80+) and the block limit. Formulas: codegen/cost_model.h, codegen/occupancy.h.";
 
@@ -72,18 +76,20 @@ std::vector<std::string> arch_order(const json& r) {
   return out;
 }
 
-// Sum of the kernel times of one pass at one shape: {key -> {arch -> {seq -> ms}}}.
+// Sum of the kernel times of one pass at one shape: {key -> {arch -> {(seq, batch, heads) -> ms}}}.
+using ShapeKey = std::tuple<int, int, int>;
 struct PassTimes {
-  std::map<std::string, std::map<std::string, std::map<int, double>>> predicted, measured, fraction;
+  std::map<std::string, std::map<std::string, std::map<ShapeKey, double>>> predicted, measured, fraction;
 };
 
 PassTimes pass_times(const json& r) {
   PassTimes t;
   // The roofline fraction of a pass is its predicted total over its measured total.
-  std::map<std::string, std::map<std::string, std::map<int, double>>> pred_of_measured;
+  std::map<std::string, std::map<std::string, std::map<ShapeKey, double>>> pred_of_measured;
   for (const auto& k : r.at("kernels")) {
     const std::string key = pass_key(k), arch = k.at("arch").get<std::string>();
-    const int seq = k.at("shape").at("seq").get<int>();
+    const ShapeKey seq{k.at("shape").at("seq").get<int>(), k.at("shape").at("batch").get<int>(),
+                       k.at("shape").at("heads").get<int>()};
     const json& p = at(k, "/predicted/time_ms");
     const json& m = at(k, "/measured/time_ms");
     if (p.is_number()) t.predicted[key][arch][seq] += p.get<double>();
@@ -111,7 +117,7 @@ std::string css() {
       "table{{border-collapse:collapse;font-size:11px;margin:8px 0}}\n"
       "th,td{{border:1px solid #ccc;padding:2px 5px;text-align:right;white-space:nowrap}}\n"
       "th{{background:#f3f3f3}} td.text{{text-align:left}}\n",
-      kHeaderHeight, kChartsLeft, kChartWidth, kChartHeight, kChartGap);
+      kHeaderHeight, kChartsLeft, kChartWidth, kChartHeight, kChartGap) + summary_css();
 }
 
 std::string html_kernel_table(const json& r) {
@@ -149,9 +155,12 @@ std::string html_arch_table(const json& r) {
   return s + "</table>\n";
 }
 
-// Line charts of a set of reports: per pass key, time and roofline fraction by seq.
+// Line charts of a set of reports: per pass key, the time by seq (log-2 axis) with the
+// summary's baselines of that pass (forward, backward), and, where something was
+// measured, the roofline fraction by seq. `summary` is build_summary of the same
+// reports (its columns in the same order: report by report, arch by arch), or null.
 std::vector<std::string> time_charts(const std::vector<json>& reports, const std::vector<std::string>& labels,
-                                     bool with_fraction, const std::string& only_pass = "") {
+                                     const json& summary) {
   std::vector<std::string> out;
   std::vector<PassTimes> times;
   std::set<std::string> keys;
@@ -162,38 +171,50 @@ std::vector<std::string> time_charts(const std::vector<json>& reports, const std
       if (keys.insert(pass_key(k)).second) key_order.push_back(pass_key(k));
   }
   for (const std::string& key : key_order) {
-    if (!only_pass.empty() && key.rfind(only_pass, 0) != 0) continue;
-    LineChart time{"Time by sequence length: " + key, "sequence length", "time (ms)", {}, std::nullopt, ""};
+    LineChart time{"Time by sequence length: " + key, "sequence length", "time (ms)", {}, std::nullopt, "", true, {}};
     LineChart frac{"Fraction of roofline by sequence length: " + key, "sequence length",
-                   "roofline time / measured time", {}, 1.2, ""};
+                   "roofline time / measured time", {}, 1.2, "", true, {}};
+    const std::string pass = key.substr(0, key.find(' '));
+    const bool causal = key.find("(causal)") != std::string::npos;
     int color = 0;
-    bool any_measured = false;
+    size_t column = 0;
+    bool any_measured = false, any_baseline = false;
     for (size_t ri = 0; ri < reports.size(); ++ri) {
       for (const std::string& arch : arch_order(reports[ri])) {
         const std::string name = labels.size() > 1 ? labels[ri] + " " + arch : arch;
         const std::string col = kSeriesColors[color++ % 6];
-        ChartSeries pred{name + " predicted", col, false, {}}, meas{name + " measured", col, true, {}};
-        for (auto [seq, ms] : times[ri].predicted[key][arch]) pred.points.push_back({double(seq), ms});
-        for (auto [seq, ms] : times[ri].measured[key][arch]) meas.points.push_back({double(seq), ms});
+        ChartSeries pred{name + " predicted", col, false, {}, ""}, meas{name + " measured", col, true, {}, ""};
+        for (auto [shape, ms] : times[ri].predicted[key][arch]) pred.points.push_back({double(std::get<0>(shape)), ms});
+        for (auto [shape, ms] : times[ri].measured[key][arch]) meas.points.push_back({double(std::get<0>(shape)), ms});
         if (!pred.points.empty()) time.series.push_back(pred);
         if (!meas.points.empty()) time.series.push_back(meas), any_measured = true;
-        ChartSeries f{name, col, false, {}};
-        for (auto [seq, v] : times[ri].fraction[key][arch]) f.points.push_back({double(seq), v});
-        if (f.points.empty()) {
-          // No measurement: the prediction is at the roofline by definition; drawn dashed at 1.
-          f.name = name + " predicted (1 by definition)";
-          f.dashed = true;
-          for (auto [seq, ms] : times[ri].predicted[key][arch]) f.points.push_back({double(seq), 1.0});
+        // The baselines of this pass from the summary's cells of this column.
+        if (summary.is_object() && (pass == "forward" || pass == "backward")) {
+          ChartSeries soft{name + " softmax (FA-like)", col, false, {}, "2 3"}, eager{name + " eager", col, false, {}, "9 3 2 3"};
+          for (const auto& row : summary["rows"]) {
+            if (row["causal"] != causal || column >= row["cells"].size()) continue;
+            const json& cell = row["cells"][column];
+            const double seq = row["shape"]["seq"].get<double>();
+            const std::string f = "/" + pass + "_ms";
+            if (const json& v = at(cell, ("/softmax" + f).c_str()); v.is_number()) soft.points.push_back({seq, v.get<double>()});
+            if (const json& v = at(cell, ("/eager" + f).c_str()); v.is_number()) eager.points.push_back({seq, v.get<double>()});
+          }
+          for (ChartSeries* b : {&soft, &eager})
+            if (!b->points.empty()) time.series.push_back(*b), any_baseline = true;
         }
-        if (!f.points.empty()) frac.series.push_back(f);
+        ++column;
+        ChartSeries fr{name, col, false, {}, ""};
+        for (auto [shape, v] : times[ri].fraction[key][arch]) fr.points.push_back({double(std::get<0>(shape)), v});
+        if (!fr.points.empty()) frac.series.push_back(fr);
       }
     }
     if (time.series.empty()) continue;  // no predicted time (no GPU product for the arch) and no measurement
-    time.note = "sum of the pass's kernels; solid: roofline prediction" +
-                std::string(any_measured ? ", dashed: measured" : " (no measurement)");
-    frac.note = any_measured ? "measured on the GPU" : "no GPU measurement: predicted only";
+    time.note = "sum of the pass's kernels; solid: predicted" + std::string(any_measured ? ", dashed: measured" : "") +
+                (any_baseline ? "; dotted: softmax, dash-dot: eager" : "");
+    frac.note = "measured on the GPU";
     out.push_back(svg_line_chart(time, kChartWidth, kChartHeight));
-    if (with_fraction) out.push_back(svg_line_chart(frac, kChartWidth, kChartHeight));
+    // Without a measurement there is no fraction to show (a prediction is at its own roofline by definition).
+    if (!frac.series.empty()) out.push_back(svg_line_chart(frac, kChartWidth, kChartHeight));
   }
   return out;
 }
@@ -231,12 +252,12 @@ std::vector<std::string> resource_charts(const json& r) {
 }
 
 std::string html_page(const std::string& title, const std::vector<std::pair<std::string, std::string>>& lines,
-                      const std::vector<std::string>& charts, const std::string& body) {
+                      const std::string& top, const std::vector<std::string>& charts, const std::string& body) {
   std::string s = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
                   html_escape(title) + "</title>\n<style>\n" + css() + "</style>\n</head>\n<body>\n<div id=\"header\">\n";
   s += "<h1>" + html_escape(title) + "</h1>\n";
   for (const auto& [k, v] : lines) s += "<p><b>" + html_escape(k) + ":</b> " + html_escape(v) + "</p>\n";
-  s += "</div>\n<div class=\"charts\">\n";
+  s += "</div>\n" + top + "<div class=\"charts\">\n";
   for (const auto& c : charts) s += c;
   s += "</div>\n" + body + "</body>\n</html>\n";
   return s;
@@ -248,6 +269,20 @@ Status write_file(const std::filesystem::path& path, const std::string& text) {
   f.close();
   if (!f) return Error::failure(fmt::format("cannot write {}", path.string()));
   return ok_status();
+}
+
+// The report's stored summary (build_report writes it), else one computed from its kernels; null when
+// there is none to compute (no archs).
+json summary_of(const json& r) {
+  if (r.contains("summary") && r["summary"].is_object()) return r["summary"];
+  auto s = build_summary({r}, {""});
+  return s ? *s : json(nullptr);
+}
+
+std::string formulas_html() {
+  std::string s = "<h2>Summary and baselines: definitions</h2>\n";
+  for (const std::string& f : summary_formulas()) s += "<p class=\"formula\">" + html_escape(f) + "</p>\n";
+  return s;
 }
 
 // One row key of the comparison.
@@ -354,6 +389,7 @@ std::string cell_text(const json& kernel, const TableColumn& c) {
 std::string render_markdown(const json& r) {
   std::string s = "# lunajit kernel report\n\n";
   for (const auto& [k, v] : summary(r)) s += fmt::format("- **{}**: {}\n", k, k == "spec" ? "`" + v + "`" : v);
+  if (const json t = summary_of(r); !t.is_null()) s += "\n" + summary_markdown(t);
   s += "\n## GPUs and arch limits\n\n| arch | GPU | SMs | DRAM GB/s | FP32 TFLOP/s | BF16 tensor TFLOP/s | L2 MiB | "
        "smem/block | smem/SM | threads/SM | regs/SM | blocks/SM | source |\n"
        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -412,7 +448,9 @@ std::string render_markdown(const json& r) {
 }
 
 std::string render_html(const json& r) {
-  std::vector<std::string> charts = time_charts({r}, {""}, true);
+  const json t = summary_of(r);
+  std::vector<std::string> charts = t.is_null() ? std::vector<std::string>{} : summary_charts(t);
+  for (auto& c : time_charts({r}, {""}, t)) charts.push_back(std::move(c));
   for (auto& c : resource_charts(r)) charts.push_back(std::move(c));
   std::string body = "<section>\n<h2>GPUs and arch limits</h2>\n" + html_arch_table(r);
   body += "<h2>Kernels</h2>\n" + html_kernel_table(r);
@@ -430,8 +468,8 @@ std::string render_html(const json& r) {
     for (const auto& n : r.at("notes")) body += "<li>" + html_escape(n.get<std::string>()) + "</li>\n";
     body += "</ul>\n";
   }
-  body += std::string("<h2>Method</h2>\n<p>") + html_escape(kMethod) + "</p>\n</section>\n";
-  return html_page("lunajit kernel report", summary(r), charts, body);
+  body += std::string("<h2>Method</h2>\n<p>") + html_escape(kMethod) + "</p>\n" + formulas_html() + "</section>\n";
+  return html_page("lunajit kernel report", summary(r), t.is_null() ? "" : summary_html(t), charts, body);
 }
 
 Status write_report(const json& r, const std::filesystem::path& dir) {
@@ -443,7 +481,8 @@ Status write_report(const json& r, const std::filesystem::path& dir) {
   return write_file(dir / "report.html", render_html(r));
 }
 
-std::string render_compare_markdown(const std::vector<json>& reports, const std::vector<std::string>& labels) {
+std::string render_compare_markdown(const std::vector<json>& reports, const std::vector<std::string>& labels,
+                                    const std::string& reference) {
   const CompareTable t = compare_table(reports, labels);
   std::string s = "# lunajit kernel reports side by side\n\n";
   for (size_t i = 0; i < reports.size(); ++i)
@@ -451,6 +490,7 @@ std::string render_compare_markdown(const std::vector<json>& reports, const std:
                      reports[i].at("generator").at("created_utc").get<std::string>(),
                      reports[i].at("machine").at("mode").get<std::string>(),
                      reports[i].at("spec_hash").get<std::string>());
+  if (auto summary = build_summary(reports, labels, reference); summary) s += "\n" + summary_markdown(*summary);
   for (const auto& col : t.columns) {
     s += fmt::format("\n## {}\n\n| pass | kernel | B,H,N |", col);
     for (const char* m : kCompareMetrics) s += fmt::format(" {} |", m);
@@ -480,14 +520,18 @@ std::string render_compare_markdown(const std::vector<json>& reports, const std:
   return s;
 }
 
-std::string render_compare_html(const std::vector<json>& reports, const std::vector<std::string>& labels) {
+std::string render_compare_html(const std::vector<json>& reports, const std::vector<std::string>& labels,
+                                const std::string& reference) {
   const CompareTable t = compare_table(reports, labels);
+  auto built = build_summary(reports, labels, reference);
+  const json summary = built ? *built : json(nullptr);
   std::vector<std::pair<std::string, std::string>> lines;
   for (size_t i = 0; i < reports.size(); ++i)
     lines.push_back({labels[i], fmt::format("{}, mode {}, device {}", reports[i].at("generator").at("created_utc").get<std::string>(),
                                             reports[i].at("machine").at("mode").get<std::string>(),
                                             format_number(reports[i].at("machine").at("device")))});
-  const std::vector<std::string> charts = time_charts(reports, labels, true, "forward");
+  std::vector<std::string> charts = summary.is_null() ? std::vector<std::string>{} : summary_charts(summary);
+  for (auto& c : time_charts(reports, labels, summary)) charts.push_back(std::move(c));
   std::string body = "<section>\n<h2>Side by side</h2>\n<table id=\"compare\">\n<tr><th rowspan=\"2\">pass</th>"
                      "<th rowspan=\"2\">kernel</th><th rowspan=\"2\">B,H,N</th>";
   for (const auto& col : t.columns) body += fmt::format("<th colspan=\"6\">{}</th>", html_escape(col));
@@ -512,11 +556,13 @@ std::string render_compare_html(const std::vector<json>& reports, const std::vec
     }
     body += "</tr>\n";
   }
-  body += "</table>\n</section>\n";
-  return html_page("lunajit kernel reports side by side", lines, charts, body);
+  body += "</table>\n" + formulas_html() + "</section>\n";
+  return html_page("lunajit kernel reports side by side", lines, summary.is_null() ? "" : summary_html(summary), charts,
+                   body);
 }
 
-Status write_compare(const std::vector<std::filesystem::path>& paths, const std::filesystem::path& dir) {
+Status write_compare(const std::vector<std::filesystem::path>& paths, const std::filesystem::path& dir,
+                     const std::string& reference) {
   if (paths.empty()) return Error::invalid("report compare: no reports given; expected A.json B.json ...");
   std::vector<json> reports;
   std::vector<std::string> labels;
@@ -529,11 +575,13 @@ Status write_compare(const std::vector<std::filesystem::path>& paths, const std:
     labels.push_back(label);
     reports.push_back(std::move(*j));
   }
+  // A bad --reference is the caller's error; reports without archs just have no summary.
+  if (auto summary = build_summary(reports, labels, reference); !summary && !reference.empty()) return summary.error();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error::failure(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
-  if (auto st = write_file(dir / "compare.md", render_compare_markdown(reports, labels)); !st) return st;
-  return write_file(dir / "compare.html", render_compare_html(reports, labels));
+  if (auto st = write_file(dir / "compare.md", render_compare_markdown(reports, labels, reference)); !st) return st;
+  return write_file(dir / "compare.html", render_compare_html(reports, labels, reference));
 }
 
 }  // namespace lunajit::report

@@ -7,11 +7,15 @@
 // "kernels" in order; tests re-read the cells and compare them with the JSON.
 //
 // HTML layout (fixed, so a screenshot test knows where the charts are): a
-// header band of kHeaderHeight pixels, then the charts in a grid of two
-// columns, each an SVG of kChartWidth x kChartHeight with kChartGap between
-// them, starting at (kChartsLeft, kHeaderHeight): per (pass, causal) the time
-// by sequence length and the roofline fraction by sequence length, then one
-// resource chart per arch; then the tables.
+// header band of kHeaderHeight pixels, the hardware-comparison summary
+// (report/summary.h) in a block of summary_html_height pixels, then the charts
+// in a grid of two columns, each an SVG of kChartWidth x kChartHeight with
+// kChartGap between them, starting at (kChartsLeft, kHeaderHeight +
+// summary_html_height): per causal variant the layer time (fwd + bwd) with the
+// baselines and the crossover, per (pass, causal) the time by sequence length
+// (forward and backward with their baselines) and, only where something was
+// measured, the roofline fraction by sequence length; then one resource chart
+// per arch; then the tables. Sequence axes are log 2.
 #pragma once
 
 #include <filesystem>
@@ -56,13 +60,20 @@ std::string render_html(const nlohmann::json& report);
 // Writes report.json, report.md and report.html into `dir` (created if needed).
 Status write_report(const nlohmann::json& report, const std::filesystem::path& dir);
 
-// Side by side: one row per (pass, causal, kernel, shape), one column group per
-// report (labelled by `labels`, e.g. the file names): GPU, predicted and
-// measured time, roofline fraction, registers, occupancy; charts of the
-// forward time by sequence length of every report and arch.
-std::string render_compare_markdown(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels);
-std::string render_compare_html(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels);
-// Reads the reports (report_reader.h read_report_file) and writes compare.md and compare.html into `dir`.
-Status write_compare(const std::vector<std::filesystem::path>& reports, const std::filesystem::path& dir);
+// Several reports on one multi-arch page: the summary of all of them (report/summary.h
+// build_summary; columns "label arch", speedups against `reference`, the first
+// column when empty or unknown), the charts of every report and arch (layer time
+// with baselines, per-pass time), then side by side one row per (pass, causal,
+// kernel, shape), one column group per report and arch (labelled by `labels`,
+// e.g. the file names): GPU, predicted and measured time, roofline fraction,
+// registers, occupancy.
+std::string render_compare_markdown(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels,
+                                    const std::string& reference = "");
+std::string render_compare_html(const std::vector<nlohmann::json>& reports, const std::vector<std::string>& labels,
+                                const std::string& reference = "");
+// Reads the reports (report_reader.h read_report_file) and writes compare.md and compare.html into `dir`;
+// Error (invalid argument) when `reference` names no column of the summary.
+Status write_compare(const std::vector<std::filesystem::path>& reports, const std::filesystem::path& dir,
+                     const std::string& reference = "");
 
 }  // namespace lunajit::report

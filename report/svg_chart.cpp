@@ -22,6 +22,7 @@ std::string tick_label(double v) {
 struct Axis {
   double lo = 0, hi = 1;
   bool log = false;
+  bool log2 = false;  // with log: ticks at powers of two
   double map(double v, double p0, double p1) const {
     double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo)) : (v - lo) / (hi - lo);
     if (!std::isfinite(t)) t = 0.5;
@@ -29,6 +30,13 @@ struct Axis {
   }
   std::vector<double> ticks() const {
     std::vector<double> t;
+    if (log && log2) {
+      const double e0 = std::ceil(std::log2(lo) - 1e-9), e1 = std::floor(std::log2(hi) + 1e-9);
+      const double step = e1 - e0 + 1 > 12 ? 2 : 1;
+      for (double e = e0; e <= e1; e += step) t.push_back(std::exp2(e));
+      if (t.empty()) t = {lo, hi};
+      return t;
+    }
     if (log) {
       for (double e = std::floor(std::log10(lo)); e <= std::ceil(std::log10(hi)); ++e) {
         const double v = std::pow(10.0, e);
@@ -87,6 +95,11 @@ std::string svg_line_chart(const LineChart& c, int W, int H) {
   const bool empty = xlo > xhi;
   Axis ax = make_axis(empty ? 1 : xlo, empty ? 2 : xhi, true, std::nullopt);
   if (!empty && xlo == xhi) ax = Axis{xlo * 0.5, xhi * 1.5, false};
+  if (c.x_log2 && !empty && xlo > 0) {
+    // Half a power of two of margin on each side; a single x still gets the powers of two around it.
+    ax = Axis{xlo / std::sqrt(2.0), xhi * std::sqrt(2.0), true, true};
+    if (xlo == xhi) ax.lo = xlo / 2, ax.hi = xhi * 2;
+  }
   const Axis ay = make_axis(empty ? 0 : ylo, empty ? 1 : yhi, true, c.y_max);
   const double px0 = kLeft, px1 = W - kRight, py0 = H - kBottom, py1 = kTop;
 
@@ -103,8 +116,8 @@ std::string svg_line_chart(const LineChart& c, int W, int H) {
   for (double t : ax.ticks()) {
     const double x = ax.map(t, px0, px1);
     s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eeeeee\"/>"
-                     "<text x=\"{0:.1f}\" y=\"{3}\" font-size=\"10\" text-anchor=\"middle\">{4}</text>\n",
-                     x, py1, py0, py0 + 14, tick_label(t));
+                     "<text class=\"xtick\" x=\"{0:.1f}\" y=\"{3}\" font-size=\"10\" text-anchor=\"middle\">{4}</text>\n",
+                     x, py1, py0, py0 + 14, ax.log2 ? fmt::format("{:.0f}", t) : tick_label(t));
   }
   for (double t : ay.ticks()) {
     const double y = ay.map(t, py0, py1);
@@ -113,7 +126,17 @@ std::string svg_line_chart(const LineChart& c, int W, int H) {
                      y, px0, px1, px0 - 4, y + 3, tick_label(t));
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{}{}</text>\n", (px0 + px1) / 2,
-                   H - 10, html_escape(c.x_label), ax.log ? " (log)" : "");
+                   H - 10, html_escape(c.x_label), ax.log2 ? " (log2)" : ax.log ? " (log)" : "");
+  // Vertical markers, labelled at the top of the plot, one text row each.
+  int marker_row = 0;
+  for (const ChartMarker& m : c.x_markers) {
+    if (!(m.x >= ax.lo && m.x <= ax.hi)) continue;
+    const double x = ax.map(m.x, px0, px1);
+    s += fmt::format("<line class=\"marker\" x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"{3}\" "
+                     "stroke-width=\"1.5\" stroke-dasharray=\"1 3\"/>"
+                     "<text x=\"{4:.1f}\" y=\"{5}\" font-size=\"9\" fill=\"{3}\" text-anchor=\"end\">{6}</text>\n",
+                     x, py1, py0, m.color, x - 3, py0 - 6 - 11 * marker_row++, html_escape(m.label));
+  }
   s += fmt::format("<text x=\"14\" y=\"{0}\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 14 {0})\">"
                    "{1}{2}</text>\n",
                    (py0 + py1) / 2, html_escape(c.y_label), ay.log ? " (log)" : "");
@@ -125,17 +148,22 @@ std::string svg_line_chart(const LineChart& c, int W, int H) {
     std::string path;
     for (auto [x, y] : pts)
       path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", ax.map(x, px0, px1), ay.map(y, py0, py1));
+    const std::string dash = !ser.dash.empty() ? " stroke-dasharray=\"" + ser.dash + "\""
+                             : ser.dashed       ? std::string(" stroke-dasharray=\"6 4\"")
+                                                : std::string();
     if (pts.size() > 1)
       s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2.5\"{}/>\n", path,
-                       ser.color, ser.dashed ? " stroke-dasharray=\"6 4\"" : "");
+                       ser.color, dash);
     for (auto [x, y] : pts)
       s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>\n", ax.map(x, px0, px1),
                        ay.map(y, py0, py1), ser.color);
-    const int ly = kTop + 6 + 14 * legend_row++;
+    // More than 6 series: two legend columns.
+    const int rows = c.series.size() > 6 ? int((c.series.size() + 1) / 2) : int(c.series.size());
+    const int ly = kTop + 6 + 14 * (legend_row % rows), lx = px0 + 8 + (legend_row / rows) * (W - kLeft - kRight) / 2;
+    ++legend_row;
     s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"{4}/>"
                      "<text x=\"{5}\" y=\"{6}\" font-size=\"11\">{7}</text>\n",
-                     px0 + 8, ly, px0 + 28, ser.color, ser.dashed ? " stroke-dasharray=\"6 4\"" : "", px0 + 32, ly + 4,
-                     html_escape(ser.name));
+                     lx, ly, lx + 20, ser.color, dash, lx + 24, ly + 4, html_escape(ser.name));
   }
   s += "</svg>\n";
   return s;

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <map>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,12 +25,15 @@
 #include "autotune/tuner.h"
 #include "cache/binary_cache.h"
 #include "cache/tuning_db.h"
+#include "codegen/baseline_model.h"
 #include "codegen/cost_model.h"
 #include "report/kernel_report.h"
 #include "report/occupancy.h"
 #include "report/ptx_census.h"
 #include "report/render.h"
 #include "report/report_reader.h"
+#include "report/summary.h"
+#include "report/svg_chart.h"
 #include "runtime/cuda/cuda_backend.h"
 
 namespace lunajit::report {
@@ -591,33 +596,41 @@ TEST_F(ReportFiles, HtmlRendersInHeadlessChromiumWithTheChartsDrawn) {
   const std::string cmd = fmt::format(
       "timeout 60 {} --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
       "--disable-background-networking --disable-component-update --disable-sync --hide-scrollbars "
-      "--force-device-scale-factor=1 --user-data-dir={} --screenshot={} --window-size=1200,1600 file://{} "
+      "--force-device-scale-factor=1 --user-data-dir={} --screenshot={} --window-size=1200,2400 file://{} "
       ">{} 2>&1",
       chromium, profile.string(), shot.string(), fs::absolute(dir_ / "report.html").string(),
       (dir_ / "chromium.log").string());
   ASSERT_EQ(run(cmd), 0) << slurp(dir_ / "chromium.log");
   const Image img = read_png(shot);
   ASSERT_EQ(img.width, 1200);
-  ASSERT_EQ(img.height, 1600);
+  ASSERT_EQ(img.height, 2400);
 
-  // The charts in page order: time and fraction per pass with predicted times, then resources per arch.
+  // The charts in page order: the layer time per causal variant (the default spec: non-causal only),
+  // the time per pass with predicted times (no roofline-fraction panel: nothing was measured), then
+  // resources per arch; below the header and the summary block.
   struct Expected { std::vector<const char*> colors; };
   std::vector<Expected> charts;
   std::vector<std::string> keys;
+  std::set<std::string> measured;  // keys with a measured kernel (on a GPU: the forward passes)
   for (const auto& k : report_["kernels"]) {
     if (k["predicted"].is_null()) continue;
     std::string key = k["pass"].get<std::string>() + (k["causal"].get<bool>() ? "c" : "");
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    if (!k["measured"].is_null()) measured.insert(key);
   }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    charts.push_back({{kSeriesColors[0], kSeriesColors[1], kSeriesColors[2]}});  // time: one line per arch
-    charts.push_back({{kSeriesColors[0], kSeriesColors[1], kSeriesColors[2]}});  // fraction
+  const std::vector<const char*> arch_colors = {kSeriesColors[0], kSeriesColors[1], kSeriesColors[2]};
+  charts.push_back({arch_colors});  // layer time, LUNA and both baselines per arch
+  for (const std::string& key : keys) {
+    charts.push_back({arch_colors});  // time: one line per arch
+    // fraction: the measured arch only (the others have no measurement)
+    if (measured.count(key)) charts.push_back({{}});
   }
   for (int a = 0; a < 3; ++a) charts.push_back({{kResourceColors[0], kResourceColors[1], kResourceColors[2]}});
+  const int charts_top = kHeaderHeight + summary_html_height(report_["summary"]);
   int checked = 0;
   for (size_t i = 0; i < charts.size(); ++i) {
     const int x = kChartsLeft + int(i % 2) * (kChartWidth + kChartGap);
-    const int y = kHeaderHeight + int(i / 2) * (kChartHeight + kChartGap);
+    const int y = charts_top + int(i / 2) * (kChartHeight + kChartGap);
     if (y + kChartHeight > img.height) break;
     SCOPED_TRACE(fmt::format("chart {} at ({}, {})", i, x, y));
     // The chart's own white background, inside its frame: the layout is where the test expects it.
@@ -626,10 +639,13 @@ TEST_F(ReportFiles, HtmlRendersInHeadlessChromiumWithTheChartsDrawn) {
       EXPECT_GT(count_color(img, x, y, kChartWidth, kChartHeight, color), 20) << color;
     ++checked;
   }
-  EXPECT_GE(checked, 4);
+  EXPECT_GE(checked, 6);
   // Between the charts there is nothing of the series colours (the gap is page background).
-  EXPECT_EQ(count_color(img, kChartsLeft + kChartWidth + 1, kHeaderHeight, kChartGap - 2, kChartHeight,
+  EXPECT_EQ(count_color(img, kChartsLeft + kChartWidth + 1, charts_top, kChartGap - 2, kChartHeight,
                         kSeriesColors[1]), 0);
+  // The summary block above the charts holds its tables: dark text on the page inside it, none of
+  // the charts' white-framed SVGs (their border colour #cccccc runs the width of a chart).
+  EXPECT_GT(count_color(img, kChartsLeft, kHeaderHeight, 1100, charts_top - kHeaderHeight, "#222222", 40), 500);
 }
 
 // ------------------------------------------------------------------ on a GPU
@@ -656,6 +672,12 @@ TEST(ReportOnGpu, MeasuredTimesOfTheDevicesArch) {
                 1e-6 * m["gbps"].get<double>());
   }
   EXPECT_GE(measured, 3);
+  // The summary takes the measured forward and says the total mixes it with the predicted backward.
+  const json& cell = (*r)["summary"]["rows"][0]["cells"][0];
+  EXPECT_EQ(cell["forward_source"], "measured");
+  EXPECT_EQ(cell["backward_source"], "predicted");
+  EXPECT_EQ(cell["total_source"], "mixed");
+  EXPECT_NE(render_html(*r).find("Fraction of roofline by sequence length: forward"), std::string::npos);
 }
 
 // ------------------------------------------------------------------ CLI and compare
@@ -684,6 +706,23 @@ TEST(ReportCli, WritesReportAndCompare) {
   EXPECT_NE(md.find("b sm_100"), std::string::npos);
   const std::string html = slurp(base / "cmp/compare.html");
   EXPECT_NE(html.find("<svg"), std::string::npos);
+  // The multi-arch summary page: one summary of both reports, columns "label arch", speedups
+  // against the first column unless --reference says otherwise.
+  EXPECT_NE(md.find("## Summary: time per layer by arch (reference a sm_80)"), std::string::npos);
+  EXPECT_NE(html.find("<table id=\"summary\">"), std::string::npos);
+  EXPECT_NE(html.find("<table id=\"baselines\">"), std::string::npos);
+  EXPECT_NE(html.find("data-column=\"b sm_100\" data-field=\"speedup\""), std::string::npos);
+  EXPECT_NE(html.find("id=\"compare\""), std::string::npos);  // the side-by-side table stays
+  ASSERT_EQ(run(fmt::format("{} report compare {} {} --reference 'b sm_90' --out {} >/dev/null", cli,
+                            (base / "a/report.json").string(), (base / "b/report.json").string(),
+                            (base / "cmp2").string())), 0);
+  const std::string html2 = slurp(base / "cmp2/compare.html");
+  EXPECT_NE(html2.find("b sm_90 = reference"), std::string::npos);
+  EXPECT_NE(html2.find("data-column=\"b sm_90\" data-field=\"speedup\">1</td>"), std::string::npos);
+  EXPECT_EQ(run(fmt::format("{} report compare {} --reference sm_75 --out {} 2>/dev/null", cli,
+                            (base / "a/report.json").string(), (base / "cmp3").string())), 2);
+  EXPECT_EQ(run(fmt::format("{} report {} --arch sm_80 --shapes 1,2,64 --reference sm_90 --no-compile --no-measure "
+                            "--out {} 2>/dev/null", cli, spec, (base / "c").string())), 2);
 
   // Bad input: exit 2 with the field named.
   EXPECT_EQ(run(fmt::format("{} report --shapes 1,2 --no-compile --out {} 2>/dev/null", cli, (base / "x").string())), 2);
@@ -765,6 +804,228 @@ TEST(ReportReader, AcceptsWrittenReportsAndNamesAMissingOrMistypedField) {
   fs::remove_all(dir);
 }
 
+// ------------------------------------------------------------------ summary (issue 11 item 6)
+// Every <td data-row data-column data-field> of the summary and baseline tables of `html`, as
+// {(row, column, field) -> text}.
+std::map<std::tuple<int, std::string, std::string>, std::string> summary_cells(const std::string& html) {
+  std::map<std::tuple<int, std::string, std::string>, std::string> out;
+  const std::regex cell_re("<td data-row=\"([0-9]+)\" data-column=\"([^\"]*)\" data-field=\"([a-z_]+)\"[^>]*>(.*?)</td>");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), cell_re); it != std::sregex_iterator(); ++it)
+    out[{std::stoi((*it)[1]), html_unescape((*it)[2]), (*it)[3]}] = html_unescape((*it)[4]);
+  return out;
+}
+
+// The summary's cells as re-read from report.html equal the JSON's figures, and those figures are
+// the kernels' own: forward = the sum of the forward kernels' predicted ms at the arch and shape,
+// total = forward + backward, tokens/s = B N / total.
+TEST_F(ReportFiles, SummaryCellsInHtmlEqualTheJson) {
+  const json& sum = report_["summary"];
+  ASSERT_TRUE(sum.is_object());
+  const auto cells = summary_cells(slurp(dir_ / "report.html"));
+  const std::vector<std::string> baseline = {"predicted_total_ms", "softmax_ms", "eager_ms", "vs_softmax", "vs_eager"};
+  size_t checked = 0;
+  ASSERT_EQ(sum["rows"].size(), 4u);  // the four shapes, non-causal
+  for (size_t ri = 0; ri < sum["rows"].size(); ++ri) {
+    const json& row = sum["rows"][ri];
+    ASSERT_EQ(row["cells"].size(), 3u);
+    for (const auto& cell : row["cells"]) {
+      const std::string col = cell["column"].get<std::string>();
+      std::vector<std::string> fields = summary_fields();
+      fields.insert(fields.end(), baseline.begin(), baseline.end());
+      for (const std::string& f : fields) {
+        auto it = cells.find({int(ri), col, f});
+        ASSERT_NE(it, cells.end()) << ri << " " << col << " " << f;
+        EXPECT_EQ(it->second, summary_cell_text(cell, f)) << ri << " " << col << " " << f;
+        if (cell.contains(f) && cell[f].is_number()) {
+          EXPECT_NEAR(std::stod(it->second), cell[f].get<double>(), std::fabs(cell[f].get<double>()) * 1e-3) << f;
+        }
+        ++checked;
+      }
+      // Independently of the summary code: the kernels' predicted times.
+      double fwd = 0, bwd = 0;
+      for (const auto& k : report_["kernels"]) {
+        if (k["arch"] != col || k["shape"] != row["shape"] || k["causal"] != row["causal"]) continue;
+        if (k["pass"] == "forward") fwd += k["predicted"]["time_ms"].get<double>();
+        if (k["pass"] == "backward") bwd += k["predicted"]["time_ms"].get<double>();
+      }
+      EXPECT_DOUBLE_EQ(cell["forward_ms"].get<double>(), fwd);
+      EXPECT_DOUBLE_EQ(cell["backward_ms"].get<double>(), bwd);
+      EXPECT_DOUBLE_EQ(cell["total_ms"].get<double>(), fwd + bwd);
+      EXPECT_EQ(cell["total_source"], "predicted");
+      const double tokens = row["shape"]["batch"].get<double>() * row["shape"]["seq"].get<double>();
+      EXPECT_DOUBLE_EQ(cell["tokens_per_s"].get<double>(), tokens / ((fwd + bwd) * 1e-3));
+      // The baselines are the model's for this GPU and shape.
+      AttentionSpec spec = default_spec(Family::luna);
+      const ProblemShape shape{row["shape"]["batch"], row["shape"]["heads"], row["shape"]["seq"]};
+      const GpuSpec* gpu = find_gpu(cell["gpu"].get<std::string>());
+      ASSERT_NE(gpu, nullptr);
+      EXPECT_DOUBLE_EQ(cell["softmax_ms"].get<double>(), softmax_attention_baseline(spec, shape, *gpu).total_ms());
+      EXPECT_DOUBLE_EQ(cell["eager_ms"].get<double>(), eager_linear_attention_baseline(spec, shape, *gpu).total_ms());
+      EXPECT_EQ(cell["config"], "fwd default; bwd default");
+    }
+  }
+  EXPECT_EQ(checked, 4u * 3u * (summary_fields().size() + baseline.size()));
+  // The Markdown says the same: its summary header and one crossover line per arch.
+  const std::string md = slurp(dir_ / "report.md");
+  EXPECT_NE(md.find("## Summary: time per layer by arch (reference sm_80)"), std::string::npos);
+  EXPECT_EQ(sum["crossover"].size(), 3u);
+}
+
+// speedup = the reference column's total / this column's total; the reference's own is 1.
+TEST_F(ReportFiles, SpeedupAgainstTheReferenceArch) {
+  for (const std::string& reference : {std::string(""), std::string("sm_90"), std::string("sm_100")}) {
+    auto s = build_summary({report_}, {""}, reference);
+    ASSERT_TRUE(s) << s.error().message;
+    const std::string ref = reference.empty() ? "sm_80" : reference;
+    EXPECT_EQ((*s)["reference"], ref);
+    for (const auto& row : (*s)["rows"]) {
+      double ref_total = 0;
+      for (const auto& cell : row["cells"])
+        if (cell["column"] == ref) ref_total = cell["total_ms"].get<double>();
+      ASSERT_GT(ref_total, 0);
+      for (const auto& cell : row["cells"]) {
+        if (cell["column"] == ref) {
+          EXPECT_EQ(cell["speedup"].get<double>(), 1.0);
+        }
+        EXPECT_DOUBLE_EQ(cell["speedup"].get<double>(), ref_total / cell["total_ms"].get<double>());
+      }
+    }
+    // The HTML prints the reference's speedups as 1 and names the reference column.
+    json r = report_;
+    r["summary"] = *s;
+    const auto cells = summary_cells(render_html(r));
+    for (size_t ri = 0; ri < (*s)["rows"].size(); ++ri) EXPECT_EQ(cells.at({int(ri), ref, "speedup"}), "1");
+    EXPECT_NE(render_html(r).find(ref + " = reference"), std::string::npos);
+  }
+  auto bad = build_summary({report_}, {""}, "sm_75");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().kind, ErrorKind::invalid_argument);
+  EXPECT_NE(bad.error().message.find("sm_80, sm_90, sm_100"), std::string::npos) << bad.error().message;
+}
+
+// A report made by hand: one arch (sm_90, H100), forward and backward kernels whose predicted
+// times are `factors` x the softmax baseline's at seq 256, 512, 1024, 2048.
+json constructed_report(const std::vector<double>& factors) {
+  const AttentionSpec spec = default_spec(Family::luna);
+  const GpuSpec& h100 = *find_gpu("h100");
+  json kernels = json::array();
+  const int seqs[] = {256, 512, 1024, 2048};
+  for (size_t i = 0; i < factors.size(); ++i) {
+    const ProblemShape shape{2, 8, seqs[i]};
+    const BaselinePrediction sm = softmax_attention_baseline(spec, shape, h100);
+    for (const char* pass : {"forward", "backward"})
+      kernels.push_back({{"arch", "sm_90"}, {"gpu", "h100"}, {"pass", pass}, {"causal", false}, {"kernel", "k"},
+                         {"shape", {{"batch", 2}, {"heads", 8}, {"seq", seqs[i]}}},
+                         {"config", {{"how", "default (untuned)"}}},
+                         {"predicted", {{"time_ms", factors[i] * (pass == std::string("forward") ? sm.forward.ms : sm.backward.ms)}}},
+                         {"measured", nullptr}});
+  }
+  return {{"schema", "lunajit.report"}, {"schema_version", kReportSchemaVersion}, {"spec", to_json(spec)},
+          {"spec_hash", spec_hash(spec)}, {"generator", {{"created_utc", "2025-01-01T00:00:00Z"}}},
+          {"machine", {{"mode", "predicted"}, {"device", nullptr}}},
+          {"archs", {{{"arch", "sm_90"}, {"gpu", {{"key", "h100"}, {"name", "NVIDIA H100 SXM5 80GB"}}}}}},
+          {"kernels", kernels}};
+}
+
+TEST(Summary, CrossoverIsTheSmallestSweptSeqWhereLunaBeatsSoftmax) {
+  auto crossover_of = [](const std::vector<double>& factors) {
+    auto s = build_summary({constructed_report(factors)}, {""});
+    EXPECT_TRUE(s) << s.error().message;
+    EXPECT_EQ((*s)["crossover"].size(), 1u);
+    return (*s)["crossover"][0];
+  };
+  EXPECT_EQ(crossover_of({2, 1.5, 0.9, 0.5})["seq"], 1024);
+  EXPECT_EQ(crossover_of({0.5, 2, 2, 2})["seq"], 256);
+  EXPECT_EQ(crossover_of({2, 0.99, 1.1, 0.5})["seq"], 512);  // the smallest, not the last change
+  EXPECT_EQ(crossover_of({2, 1.5, 1.01, 1.0})["seq"], nullptr);  // equal is not below
+  // Rendered: the seq, or "none in the range"; a crossover marks the layer-time chart.
+  auto s = build_summary({constructed_report({2, 1.5, 0.9, 0.5})}, {""}).value_or_throw();
+  EXPECT_NE(summary_markdown(s).find("- non-causal, sm_90: N = 1024 (B,H = 2,8)"), std::string::npos);
+  const std::vector<std::string> charts = summary_charts(s);
+  ASSERT_EQ(charts.size(), 1u);
+  EXPECT_NE(charts[0].find("class=\"marker\""), std::string::npos);
+  EXPECT_NE(charts[0].find(">crossover sm_90</text>"), std::string::npos);
+  EXPECT_NE(charts[0].find("sm_90 softmax (FA-like)"), std::string::npos);
+  EXPECT_NE(charts[0].find("sm_90 eager"), std::string::npos);
+  auto none = build_summary({constructed_report({2, 2, 2, 2})}, {""}).value_or_throw();
+  EXPECT_NE(summary_html(none).find("non-causal, sm_90: none in the range"), std::string::npos);
+  EXPECT_EQ(summary_charts(none)[0].find("class=\"marker\""), std::string::npos);
+}
+
+// The softmax baseline's formula on numbers checked by hand: H100 bf16, d = dv = 64, B 2, H 8, N 4096:
+// FLOPs 4 B H N^2 d = 4 * 16 * 4096^2 * 64 = 68.72 GFLOP; at 0.7 * 989 TFLOP/s: 99.27 us (+ 3 us launch);
+// bytes 16 * 4096 * (4 * 64 * 2 + 4) = 33.82 MB at 0.8 * 3350 GB/s = 12.6 us: compute bound.
+TEST(Summary, SoftmaxBaselineByHand) {
+  const AttentionSpec spec = default_spec(Family::luna);
+  const GpuSpec& h100 = *find_gpu("h100");
+  const BaselinePrediction p = softmax_attention_baseline(spec, ProblemShape{2, 8, 4096}, h100);
+  EXPECT_DOUBLE_EQ(p.forward.flops, 4.0 * 16 * 4096.0 * 4096.0 * 64);
+  EXPECT_DOUBLE_EQ(p.backward.flops, 2.5 * p.forward.flops);
+  EXPECT_DOUBLE_EQ(p.forward.bytes, 16 * 4096.0 * (4 * 64 * 2 + 4));
+  EXPECT_NEAR(p.forward.ms, p.forward.flops / (0.7 * 989e12) * 1e3 + 0.003, 1e-12);
+  EXPECT_STREQ(p.forward.limiter, "tensor");
+  AttentionSpec causal = spec;
+  causal.causal = true;
+  EXPECT_DOUBLE_EQ(softmax_attention_baseline(causal, ProblemShape{2, 8, 4096}, h100).forward.flops,
+                   0.5 * p.forward.flops);
+  // Short sequences are bandwidth bound.
+  EXPECT_STREQ(softmax_attention_baseline(spec, ProblemShape{2, 8, 64}, h100).forward.limiter, "dram");
+  // Eager: luna neural shared channels (relu output) materialises x, u, 3 x M Hm, 3 x M L, phi per token.
+  const EagerFeatureMap fm = eager_feature_map(spec);
+  EXPECT_DOUBLE_EQ(fm.floats, 64 + 8 + 3 * 8 * 64 + 3 * 8 * 8 + 64);
+  EXPECT_EQ(fm.ops, 9);
+}
+
+// Sequence axes are log 2: a tick at every power of two in range, equally spaced.
+TEST(SvgChart, Log2SequenceAxis) {
+  LineChart c{"t", "sequence length", "ms", {{"a", "#1f77b4", false, {{100, 1}, {128, 2}, {1024, 3}, {4096, 4}}, ""}},
+              std::nullopt, "", true, {}};
+  const std::string svg = svg_line_chart(c, 580, 340);
+  const std::regex tick_re("<text class=\"xtick\" x=\"([0-9.]+)\"[^>]*>([^<]*)</text>");
+  std::vector<double> xs;
+  std::vector<std::string> labels;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), tick_re); it != std::sregex_iterator(); ++it)
+    xs.push_back(std::stod((*it)[1])), labels.push_back((*it)[2]);
+  EXPECT_EQ(labels, (std::vector<std::string>{"128", "256", "512", "1024", "2048", "4096"}));
+  for (size_t i = 2; i < xs.size(); ++i) EXPECT_NEAR(xs[i] - xs[i - 1], xs[1] - xs[0], 0.15);
+  EXPECT_NE(svg.find("sequence length (log2)"), std::string::npos);
+}
+
+TEST_F(ReportFiles, SequenceAxesOfTheReportAreLog2) {
+  const std::string html = slurp(dir_ / "report.html");
+  const std::regex tick_re("<text class=\"xtick\"[^>]*>([^<]*)</text>");
+  std::set<std::string> labels;
+  size_t charts = 0;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), tick_re); it != std::sregex_iterator(); ++it)
+    labels.insert((*it)[1]);
+  for (size_t p = 0; (p = html.find("sequence length (log2)", p)) != std::string::npos; ++p) ++charts;
+  // Shapes 100, 128, 1024, 4096: the time charts tick 128 ... 4096.
+  EXPECT_EQ(labels, (std::set<std::string>{"128", "256", "512", "1024", "2048", "4096"}));
+  EXPECT_EQ(html.find("sequence length (log)"), std::string::npos);
+  EXPECT_GE(charts, 4u);  // layer time, feature map, forward, backward
+}
+
+// Without a measurement there is no roofline-fraction panel; with one there is.
+TEST_F(ReportFiles, NoRooflinePanelWithoutMeasurement) {
+  bool measured = false;
+  for (const auto& k : report_["kernels"]) measured = measured || !k["measured"].is_null();
+  if (measured) GTEST_SKIP() << "measured on this machine's GPU";
+  const std::string html = slurp(dir_ / "report.html");
+  EXPECT_EQ(html.find("Fraction of roofline"), std::string::npos);
+  EXPECT_EQ(html.find("(1 by definition)"), std::string::npos);
+  json m = report_;
+  m.erase("summary");
+  for (auto& k : m["kernels"])
+    if (k["pass"] == "forward") k["measured"] = {{"time_ms", 2 * k["predicted"]["time_ms"].get<double>()}};
+  const std::string with = render_html(m);
+  EXPECT_NE(with.find("Fraction of roofline by sequence length: forward (non-causal)"), std::string::npos);
+  EXPECT_EQ(with.find("Fraction of roofline by sequence length: backward"), std::string::npos);
+  // The measured forward shows as measured in the summary, the total as mixed.
+  auto s = build_summary({m}, {""}).value_or_throw();
+  EXPECT_EQ(s["rows"][0]["cells"][0]["forward_source"], "measured");
+  EXPECT_EQ(s["rows"][0]["cells"][0]["total_source"], "mixed");
+}
+
 // The report's config comes from the tuning database of the arch's model
 // fingerprint when it has an entry for the spec, pass and shape bucket.
 TEST(ReportConfig, FromTheTuningDatabase) {
@@ -789,7 +1050,34 @@ TEST(ReportConfig, FromTheTuningDatabase) {
   ASSERT_TRUE(db.store(e).ok());
   const ReportConfig after = report_config(spec, arch, Pass::forward, shape);
   EXPECT_EQ(after.config, tuned);
-  EXPECT_EQ(after.how, "model-ranked (exact bucket)");
+  // The bucket is the database entry's: seq 1000 -> 1024, batch x heads 8.
+  EXPECT_EQ(after.how, "model-ranked (exact bucket seq1024/bh8)");
+  EXPECT_TRUE(after.tuned);
+  EXPECT_EQ(after.bucket, "seq1024/bh8");
+  EXPECT_FALSE(before.tuned);
+  // A shape of another bucket takes the nearest entry, and says whose bucket it is.
+  const ReportConfig nearest = report_config(spec, arch, Pass::forward, ProblemShape{2, 4, 3000});
+  EXPECT_EQ(nearest.how, "model-ranked (nearest bucket seq1024/bh8)");
+
+  // In the report: the kernel rows and the summary's config cell say tuned (forward) and default (backward).
+  ReportOptions opt;
+  opt.archs = {arch};
+  opt.shapes = {shape};
+  opt.compile = false;
+  opt.measure = false;
+  auto r = build_report(spec, opt);
+  ASSERT_TRUE(r) << r.error().message;
+  for (const auto& k : (*r)["kernels"]) {
+    const bool fwd = k["pass"] == "forward";
+    EXPECT_EQ(k["config"]["tuned"].get<bool>(), fwd) << k["pass"];
+    EXPECT_EQ(k["config"]["bucket"], fwd ? json("seq1024/bh8") : json(nullptr));
+    EXPECT_EQ(k["config"]["how"], fwd ? "model-ranked (exact bucket seq1024/bh8)" : "default (untuned)");
+  }
+  const json& cell = (*r)["summary"]["rows"][0]["cells"][0];
+  EXPECT_EQ(cell["config"], "fwd tuned: model-ranked (exact bucket seq1024/bh8); bwd default");
+  const std::string html = render_html(*r);
+  EXPECT_NE(html.find("data-field=\"config\" class=\"text\">fwd tuned: model-ranked (exact bucket seq1024/bh8); bwd default</td>"),
+            std::string::npos);
   ::unsetenv("LUNAJIT_CACHE_DIR");
   std::filesystem::remove_all(dir);
 }
