@@ -84,6 +84,37 @@ LUNAJIT_HOST_DEVICE constexpr SmemLayout smem_layout(KernelKind kind, LayoutDims
   return l;
 }
 
+// Blocks per SM that `bytes` of dynamic shared memory per block allow: the
+// occupancy rule of codegen/occupancy.h (rounded up to 128 bytes, plus the
+// per-block reservation), at least 1.
+LUNAJIT_HOST_DEVICE constexpr int blocks_by_smem(long long bytes, long long smem_per_sm, long long reserved) {
+  const long long per_block = (bytes + 127) / 128 * 128 + reserved;
+  return smem_per_sm / per_block < 1 ? 1 : (int)(smem_per_sm / per_block);
+}
+
+// The minBlocksPerMultiprocessor of a kernel's __launch_bounds__: 1 when its
+// shared memory already keeps it to one resident block per SM, else 0 (not
+// given). Without it ptxas picks a register count for an occupancy it guesses
+// and spills to reach it (the sm_90 causal_dkv kernel of the default config:
+// 80 registers and 144 spilled bytes at 190 KB a block, where no second block
+// can fit); with it ptxas may use up to 255. Not given otherwise, since a
+// minimum above 1 is a register cap that can itself force spills. The
+// per-arch shared memory is codegen/arch.cpp's table, keyed by the arch being
+// compiled; host code (no __CUDA_ARCH__) gets 0.
+LUNAJIT_HOST_DEVICE constexpr int sole_block_min_blocks(long long bytes) {
+#if defined(__CUDA_ARCH__)
+  constexpr int a = __CUDA_ARCH__;
+  constexpr long long smem_per_sm = a == 750                                     ? 65536
+                                    : a == 800 || a == 870                       ? 167936
+                                    : a == 860 || a == 880 || a == 890 || a >= 1200 ? 102400
+                                                                                   : 233472;
+  return blocks_by_smem(bytes, smem_per_sm, a >= 800 ? 1024 : 0) == 1 ? 1 : 0;
+#else
+  (void)bytes;
+  return 0;
+#endif
+}
+
 // Registers of the state pass's per-thread S accumulators: each thread owns
 // ceil(D * dv_block / threads) entries of the block's (D, dv_block) partial.
 LUNAJIT_HOST_DEVICE constexpr int state_entries_per_thread(int D, int dv_block, int threads) {

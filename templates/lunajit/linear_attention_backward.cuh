@@ -632,8 +632,12 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
 }
 
 // Causal, backward scan over the chunks: dk and dv. Grid (batch*heads).
+// Its tiles (C x C scores twice, phi(q), phi(k), dphi, ...) keep it to one
+// block per SM at the default chunk; the launch bounds say so to ptxas.
 template <class K>
-__global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardArgs args) {
+__global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_smem_layout(
+                                                  BackwardKind::causal_dkv, BackwardTraits<K>::dims()).bytes()))
+    causal_dkv_kernel(const BackwardArgs args) {
   if constexpr (K::performer) {
     performer_causal_dkv<K>(args);
     return;
