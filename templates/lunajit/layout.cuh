@@ -84,6 +84,47 @@ LUNAJIT_HOST_DEVICE constexpr SmemLayout smem_layout(KernelKind kind, LayoutDims
   return l;
 }
 
+// Blocks per SM that `bytes` of dynamic shared memory per block allow: the
+// occupancy rule of codegen/occupancy.h (rounded up to 128 bytes, plus the
+// per-block reservation), at least 1.
+LUNAJIT_HOST_DEVICE constexpr int blocks_by_smem(long long bytes, long long smem_per_sm, long long reserved) {
+  const long long per_block = (bytes + 127) / 128 * 128 + reserved;
+  return smem_per_sm / per_block < 1 ? 1 : (int)(smem_per_sm / per_block);
+}
+
+// Shared memory per SM and reserved per block of an arch by its __CUDA_ARCH__
+// value (sm * 10): codegen/arch.cpp's table, which the device code cannot
+// include (tests/codegen/tile_config_test.cpp checks that they agree).
+LUNAJIT_HOST_DEVICE constexpr long long arch_smem_per_sm(int cuda_arch) {
+  return cuda_arch == 750                                                        ? 65536
+         : cuda_arch == 800 || cuda_arch == 870                                  ? 167936
+         : cuda_arch == 860 || cuda_arch == 880 || cuda_arch == 890 || cuda_arch >= 1200 ? 102400
+                                                                                  : 233472;
+}
+LUNAJIT_HOST_DEVICE constexpr long long arch_smem_reserved_per_block(int cuda_arch) {
+  return cuda_arch >= 800 ? 1024 : 0;
+}
+
+// The minBlocksPerMultiprocessor of a kernel's __launch_bounds__: 1 when its
+// shared memory already keeps it to one resident block per SM of the arch
+// being compiled, else 0 (not given). Without it ptxas picks a register count
+// for an occupancy it guesses and spills to reach it (the sm_90 causal_dkv
+// kernel of the default config: 80 registers and 144 spilled bytes at 190 KB a
+// block, where no second block can fit); with it ptxas may use up to 255. Not
+// given otherwise, since a minimum above 1 is a register cap that can itself
+// force spills. Host code (no __CUDA_ARCH__; the host emulation ignores launch
+// bounds) gets 0.
+LUNAJIT_HOST_DEVICE constexpr int sole_block_min_blocks(long long bytes) {
+#if defined(__CUDA_ARCH__)
+  return blocks_by_smem(bytes, arch_smem_per_sm(__CUDA_ARCH__), arch_smem_reserved_per_block(__CUDA_ARCH__)) == 1
+             ? 1
+             : 0;
+#else
+  (void)bytes;
+  return 0;
+#endif
+}
+
 // Registers of the state pass's per-thread S accumulators: each thread owns
 // ceil(D * dv_block / threads) entries of the block's (D, dv_block) partial.
 LUNAJIT_HOST_DEVICE constexpr int state_entries_per_thread(int D, int dv_block, int threads) {

@@ -209,22 +209,26 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
                                       FeatureContext{params, t0, seq, 0, key_stab});
     const float* phi = smem + L.phi_q;  // (valid, D)
     const float* v = smem + L.v;        // (valid, DVB)
+    // Tokens outer, the thread's entries inner: each acc[i] still sums its
+    // tokens in order (bitwise as an entry-by-entry loop), but the row's phi
+    // and v values are read once per token, not once per FMA, and no per-entry
+    // loop state stays live: the default config (32 entries) fits its
+    // registers without ptxas's occupancy-driven spill (issue 11 item 5).
+    for (int t = 0; t < valid; ++t) {
 #pragma unroll
-    for (int i = 0; i < kEntries; ++i) {
-      const int e = threadIdx.x + i * NT;
-      if (e < D * DVB) {
-        const int f = e / DVB, c = e - f * DVB;
-        float s = acc[i];
-        for (int t = 0; t < valid; ++t) s = fmaf(phi[t * D + f], v[t * DVB + c], s);
-        acc[i] = s;
+      for (int i = 0; i < kEntries; ++i) {
+        const int e = threadIdx.x + i * NT;
+        if (e < D * DVB) {
+          const int f = e / DVB, c = e - f * DVB;
+          acc[i] = fmaf(phi[t * D + f], v[t * DVB + c], acc[i]);
+        }
       }
-    }
-    if (blockIdx.z == 0) {
+      if (blockIdx.z == 0) {
 #pragma unroll
-      for (int i = 0; i < kZEntries; ++i) {
-        const int f = threadIdx.x + i * NT;
-        if (f < D)
-          for (int t = 0; t < valid; ++t) zacc[i] += phi[t * D + f];
+        for (int i = 0; i < kZEntries; ++i) {
+          const int f = threadIdx.x + i * NT;
+          if (f < D) zacc[i] += phi[t * D + f];
+        }
       }
     }
     __syncthreads();

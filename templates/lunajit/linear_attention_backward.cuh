@@ -152,21 +152,21 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
     for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? fm::dot(phi + i * D, z, D) + K::eps : 1.0f;
     __syncthreads();
     query_gradients<K>(g, smem + L.o, den, r, valid);
+    // Tokens outer, entries inner, as state_block: each sum in token order.
+    for (int t = 0; t < valid; ++t) {
 #pragma unroll
-    for (int i = 0; i < kEntries; ++i) {
-      const int e = threadIdx.x + i * NT;
-      if (e < D * DV) {
-        const int f = e / DV, c = e - f * DV;
-        float s = acc[i];
-        for (int t = 0; t < valid; ++t) s = fmaf(phi[t * D + f], g[t * DV + c], s);
-        acc[i] = s;
+      for (int i = 0; i < kEntries; ++i) {
+        const int e = threadIdx.x + i * NT;
+        if (e < D * DV) {
+          const int f = e / DV, c = e - f * DV;
+          acc[i] = fmaf(phi[t * D + f], g[t * DV + c], acc[i]);
+        }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < kZEntries; ++i) {
-      const int f = threadIdx.x + i * NT;
-      if (f < D)
-        for (int t = 0; t < valid; ++t) zacc[i] = fmaf(phi[t * D + f], r[t], zacc[i]);
+      for (int i = 0; i < kZEntries; ++i) {
+        const int f = threadIdx.x + i * NT;
+        if (f < D) zacc[i] = fmaf(phi[t * D + f], r[t], zacc[i]);
+      }
     }
     __syncthreads();
   }
@@ -632,8 +632,12 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
 }
 
 // Causal, backward scan over the chunks: dk and dv. Grid (batch*heads).
+// Its tiles (C x C scores twice, phi(q), phi(k), dphi, ...) keep it to one
+// block per SM at the default chunk; the launch bounds say so to ptxas.
 template <class K>
-__global__ void __launch_bounds__(K::threads) causal_dkv_kernel(const BackwardArgs args) {
+__global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_smem_layout(
+                                                  BackwardKind::causal_dkv, BackwardTraits<K>::dims()).bytes()))
+    causal_dkv_kernel(const BackwardArgs args) {
   if constexpr (K::performer) {
     performer_causal_dkv<K>(args);
     return;

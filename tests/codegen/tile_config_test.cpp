@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "lunajit/layout.cuh"
+
 namespace lunajit {
 namespace {
 
@@ -76,6 +78,20 @@ TEST(TileConfig, AllValidConfigsAreUniqueAndValid) {
   std::set<TileConfig> unique(all.begin(), all.end());
   EXPECT_EQ(unique.size(), all.size());
   for (const auto& c : all) EXPECT_TRUE(can_implement(s, c, arch).ok());
+}
+
+// The device code's copy of the shared-memory columns of the arch table
+// (layout.cuh, keyed by __CUDA_ARCH__) agrees with codegen/arch.cpp.
+TEST(Arch, DeviceSharedMemoryTableMatches) {
+  for (int sm : known_sms()) {
+    const Arch a = arch_from_sm(sm).value_or_throw();
+    EXPECT_EQ(arch_smem_per_sm(sm * 10), a.max_smem_per_sm) << a.name();
+    EXPECT_EQ(arch_smem_reserved_per_block(sm * 10), a.smem_reserved_per_block) << a.name();
+  }
+  // One block of the sm_90 causal_dkv default (190,240 B) fits an H100 SM; two of 97,568 B do.
+  EXPECT_EQ(blocks_by_smem(190240, arch_smem_per_sm(900), 1024), 1);
+  EXPECT_EQ(blocks_by_smem(97568, arch_smem_per_sm(900), 1024), 2);
+  EXPECT_EQ(blocks_by_smem(97568, arch_smem_per_sm(800), 1024), 1);
 }
 
 TEST(Arch, ParsesAndRejects) {
