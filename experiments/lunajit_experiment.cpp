@@ -1310,7 +1310,7 @@ int main(int argc, char** argv) {
     std::string config, task, attention, to, out, resume;
     std::vector<std::string> set;
     uint64_t seed = 0;
-    bool quick = false, check_kernels = false;
+    bool quick = false, check_kernels = false, print_config = false;
     int64_t stop_after = -1;
     int64_t threads = 0;
   } o;
@@ -1330,6 +1330,7 @@ int main(int argc, char** argv) {
     s->add_option("--out", o.out, "run directory");
     s->add_flag("--quick", o.quick, "toy sizes (about a minute on one core)");
     s->add_option("--resume", o.resume, "continue the interrupted run in this directory");
+    s->add_flag("--print-config", o.print_config, "check the settings, print the resolved configuration, run nothing");
     s->add_option("--threads", o.threads, "torch threads (recorded; resume uses the recorded count)")
         ->check(lunajit::int_in("--threads", {1, 256}));
     s->add_option("--set", o.set, "KEY=VALUE (VALUE as JSON, else a string); repeatable");
@@ -1371,7 +1372,7 @@ int main(int argc, char** argv) {
       merge_checked(cfg, flags, "flags");
       cfg["quick"] = o.quick;
       validate(cfg);
-      if (o.out.empty()) throw Usage("--out DIR is required (or --resume DIR)");
+      if (o.out.empty() && !o.print_config) throw Usage("--out DIR is required (or --resume DIR)");
       // Names are checked before the run directory is made.
       const auto& tn = task_names();
       if (command != "kernel-fit" && std::find(tn.begin(), tn.end(), gets(cfg, "task")) == tn.end())
@@ -1400,11 +1401,17 @@ int main(int argc, char** argv) {
           for (const auto& a : cfg.at(k)) attention_kind(a.get<std::string>(), cfg);
       if (command == "kernel-fit")
         for (const auto& a : cfg.at("families")) attention_kind(a.get<std::string>(), cfg);
+      if (o.print_config) {
+        cfg["command"] = command;
+        std::printf("%s\n", cfg.dump(2).c_str());
+        return 0;
+      }
       if (fs::exists(fs::path(o.out) / "config.json"))
         throw Usage(fmt::format("--out {}: already a run directory; use --resume {} or another --out", o.out, o.out));
       return run_command(command, cfg, o.out, false);
     }
     if (!o.out.empty() && o.out != o.resume) throw Usage("--resume DIR writes into DIR; drop --out");
+    if (o.print_config) throw Usage("--print-config: not with --resume (the run's settings are in DIR/config.json)");
     return run_command(command, cfg, o.resume, true);
   } catch (const Usage& e) {
     std::fprintf(stderr, "lunajit-experiment: %s\n", e.what());

@@ -17,6 +17,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -227,6 +229,33 @@ TEST_F(ExperimentCli, TrainOnHostKernelsTunesTheModelFirst) {
   for (const json& t : res2.at("kernel_configs").at("tuned")) EXPECT_TRUE(t.at("from_db").get<bool>()) << t.dump();
   EXPECT_EQ(res2.at("final_loss"), res.at("final_loss"));
   EXPECT_EQ(res2.at("test_accuracy"), res.at("test_accuracy"));
+}
+
+// --print-config resolves the settings without running anything; every
+// README table's preset (experiments/tables) is accepted and resolves to its
+// own values.
+TEST_F(ExperimentCli, TablePresetsResolveWithPrintConfig) {
+  std::vector<fs::path> presets;
+  for (const auto& e : fs::directory_iterator(fs::path(LUNAJIT_SOURCE_DIR) / "experiments" / "tables"))
+    if (e.path().extension() == ".json") presets.push_back(e.path());
+  std::sort(presets.begin(), presets.end());
+  ASSERT_GE(presets.size(), 6u) << "one preset per README results table";
+  for (const fs::path& p : presets) {
+    const CliRun r = run({"ablate", "--config", p.string(), "--print-config"});
+    ASSERT_EQ(r.code, 0) << p << ": " << r.err;
+    const json resolved = json::parse(read(dir_ / "stdout.txt"));
+    const json preset = read_json(p);
+    for (const auto& [k, v] : preset.items()) EXPECT_EQ(resolved.at(k), v) << p << " " << k;
+    EXPECT_EQ(resolved.at("command"), "ablate") << p;
+    EXPECT_FALSE(resolved.at("quick").get<bool>()) << p;
+  }
+  // A preset with a misspelt setting is refused like the flag would be.
+  {
+    std::ofstream(dir_ / "bad.json") << R"({"grid": "ml", "epoch": 3})";
+    const CliRun r = run({"ablate", "--config", (dir_ / "bad.json").string(), "--print-config"});
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("\"epoch\" is not a setting"), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(ExperimentCli, BadSettingsExit2NamingTheSetting) {
