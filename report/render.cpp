@@ -16,15 +16,17 @@
 #include "report/svg_chart.h"
 
 namespace lunajit::report {
+
+const nlohmann::json& json_at(const nlohmann::json& j, const char* pointer) {
+  static const nlohmann::json null_value = nullptr;
+  const nlohmann::json::json_pointer p(pointer);
+  return j.is_object() && j.contains(p) ? j.at(p) : null_value;
+}
+
 namespace {
 
 using nlohmann::json;
 
-const json& at(const json& j, const char* pointer) {
-  static const json null_value = nullptr;
-  const json::json_pointer p(pointer);
-  return j.contains(p) ? j.at(p) : null_value;
-}
 
 std::string shape_text(const json& s) {
   return fmt::format("{},{},{}", s.at("batch").get<int>(), s.at("heads").get<int>(), s.at("seq").get<int>());
@@ -90,8 +92,8 @@ PassTimes pass_times(const json& r) {
     const std::string key = pass_key(k), arch = k.at("arch").get<std::string>();
     const ShapeKey seq{k.at("shape").at("seq").get<int>(), k.at("shape").at("batch").get<int>(),
                        k.at("shape").at("heads").get<int>()};
-    const json& p = at(k, "/predicted/time_ms");
-    const json& m = at(k, "/measured/time_ms");
+    const json& p = json_at(k, "/predicted/time_ms");
+    const json& m = json_at(k, "/measured/time_ms");
     if (p.is_number()) t.predicted[key][arch][seq] += p.get<double>();
     if (m.is_number()) {
       t.measured[key][arch][seq] += m.get<double>();
@@ -142,7 +144,7 @@ std::string html_arch_table(const json& r) {
   for (const auto& a : r.at("archs")) {
     const json& g = a.at("gpu");
     const json& l = a.at("limits");
-    auto num = [&](const json& j, const char* p) { return format_number(at(j, p)); };
+    auto num = [&](const json& j, const char* p) { return format_number(json_at(j, p)); };
     s += fmt::format(
         "<tr><td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"text\">{}</td></tr>\n",
@@ -196,8 +198,8 @@ std::vector<std::string> time_charts(const std::vector<json>& reports, const std
             const json& cell = row["cells"][column];
             const double seq = row["shape"]["seq"].get<double>();
             const std::string f = "/" + pass + "_ms";
-            if (const json& v = at(cell, ("/softmax" + f).c_str()); v.is_number()) soft.points.push_back({seq, v.get<double>()});
-            if (const json& v = at(cell, ("/eager" + f).c_str()); v.is_number()) eager.points.push_back({seq, v.get<double>()});
+            if (const json& v = json_at(cell, ("/softmax" + f).c_str()); v.is_number()) soft.points.push_back({seq, v.get<double>()});
+            if (const json& v = json_at(cell, ("/eager" + f).c_str()); v.is_number()) eager.points.push_back({seq, v.get<double>()});
           }
           for (ChartSeries* b : {&soft, &eager})
             if (!b->points.empty()) time.series.push_back(*b), any_baseline = true;
@@ -231,12 +233,12 @@ std::vector<std::string> resource_charts(const json& r) {
     const json first_shape = r.at("shapes").at(0);
     for (const auto& k : r.at("kernels")) {
       if (k.at("arch") != arch || k.at("shape") != first_shape) continue;
-      const json& regs = at(k, "/resources/registers");
+      const json& regs = json_at(k, "/resources/registers");
       if (!regs.is_number()) continue;
-      const double smem = at(k, "/resources/static_smem_bytes").get<double>() +
-                          (at(k, "/launch/dynamic_smem_bytes").is_number()
-                               ? at(k, "/launch/dynamic_smem_bytes").get<double>() : 0.0);
-      const json& occ = at(k, "/occupancy/fraction");
+      const double smem = json_at(k, "/resources/static_smem_bytes").get<double>() +
+                          (json_at(k, "/launch/dynamic_smem_bytes").is_number()
+                               ? json_at(k, "/launch/dynamic_smem_bytes").get<double>() : 0.0);
+      const json& occ = json_at(k, "/occupancy/fraction");
       BarGroup g;
       std::string pass = k.at("pass").get<std::string>();
       g.label = (pass == "feature_map" ? std::string("fm") : pass.substr(0, 3) + (k.at("causal").get<bool>() ? "/c" : "")) +
@@ -309,11 +311,11 @@ CompareTable compare_table(const std::vector<json>& reports, const std::vector<s
       if (seen_rows.insert(row).second) t.rows.push_back(row);
       if (seen_cols.insert(col).second) t.columns.push_back(col);
       t.cells[row][col] = CompareCell{k.at("gpu").is_null() ? "-" : k.at("gpu").get<std::string>(),
-                                      format_number(at(k, "/predicted/time_ms")),
-                                      format_number(at(k, "/measured/time_ms")),
-                                      format_number(at(k, "/measured/roofline_fraction")),
-                                      format_number(at(k, "/resources/registers")),
-                                      format_number(at(k, "/occupancy/fraction"))};
+                                      format_number(json_at(k, "/predicted/time_ms")),
+                                      format_number(json_at(k, "/measured/time_ms")),
+                                      format_number(json_at(k, "/measured/roofline_fraction")),
+                                      format_number(json_at(k, "/resources/registers")),
+                                      format_number(json_at(k, "/occupancy/fraction"))};
     }
   return t;
 }
@@ -379,7 +381,7 @@ const std::vector<TableColumn>& kernel_table_columns() {
 }
 
 std::string cell_text(const json& kernel, const TableColumn& c) {
-  const json& v = at(kernel, c.pointer);
+  const json& v = json_at(kernel, c.pointer);
   if (v.is_null()) return "-";
   if (std::string_view(c.pointer) == "/shape") return shape_text(v);
   if (std::string_view(c.pointer) == "/causal") return v.get<bool>() ? "causal" : "non-causal";
@@ -396,7 +398,7 @@ std::string render_markdown(const json& r) {
   for (const auto& a : r.at("archs")) {
     const json& g = a.at("gpu");
     const json& l = a.at("limits");
-    auto num = [&](const json& j, const char* p) { return format_number(at(j, p)); };
+    auto num = [&](const json& j, const char* p) { return format_number(json_at(j, p)); };
     s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                      a.at("arch").get<std::string>(), g.is_null() ? "-" : g.at("name").get<std::string>(),
                      num(g, "/sm_count"), num(g, "/memory_gbps"), num(g, "/fp32_tflops"), num(g, "/bf16_tensor_tflops"),

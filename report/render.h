@@ -28,6 +28,10 @@
 
 namespace lunajit::report {
 
+// The value at a JSON pointer (e.g. "/config/tile"), or null when `j` is not an
+// object or has nothing there: readers of reports use it for optional fields.
+const nlohmann::json& json_at(const nlohmann::json& j, const char* pointer);
+
 inline constexpr int kHeaderHeight = 150;
 inline constexpr int kChartsLeft = 20;
 inline constexpr int kChartWidth = 580;

@@ -19,11 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-const json& at(const json& j, const char* pointer) {
-  static const json null_value = nullptr;
-  const json::json_pointer p(pointer);
-  return j.is_object() && j.contains(p) ? j.at(p) : null_value;
-}
 
 // (causal, seq, batch, heads): rows sort by variant, then sequence length.
 using RowKey = std::tuple<bool, int, int, int>;
@@ -149,32 +144,32 @@ Result<json> build_summary(const std::vector<json>& reports, const std::vector<s
     auto spec = r.contains("spec") ? spec_from_json(r["spec"]) : Result<AttentionSpec>(Error::invalid("no spec"));
     specs.push_back(spec ? std::optional(*spec) : std::nullopt);
     std::map<std::string, size_t> by_arch;
-    for (const auto& a : at(r, "/archs")) {
-      if (!at(a, "/arch").is_string()) continue;
+    for (const auto& a : json_at(r, "/archs")) {
+      if (!json_at(a, "/arch").is_string()) continue;
       Column c;
       c.arch = a["arch"].get<std::string>();
       c.label = label;
       c.name = label.empty() ? c.arch : label + " " + c.arch;
-      c.gpu = at(a, "/gpu");
+      c.gpu = json_at(a, "/gpu");
       c.report = ri;
       by_arch[c.arch] = columns.size();
       columns.push_back(std::move(c));
     }
-    for (const auto& k : at(r, "/kernels")) {
-      const json &pass = at(k, "/pass"), &arch = at(k, "/arch");
+    for (const auto& k : json_at(r, "/kernels")) {
+      const json &pass = json_at(k, "/pass"), &arch = json_at(k, "/arch");
       if (!pass.is_string() || !arch.is_string() || pass == "feature_map") continue;
       auto ci = by_arch.find(arch.get<std::string>());
-      const json &causal = at(k, "/causal"), &b = at(k, "/shape/batch"), &h = at(k, "/shape/heads"),
-                 &n = at(k, "/shape/seq");
+      const json &causal = json_at(k, "/causal"), &b = json_at(k, "/shape/batch"), &h = json_at(k, "/shape/heads"),
+                 &n = json_at(k, "/shape/seq");
       if (ci == by_arch.end() || !causal.is_boolean() || !b.is_number_integer() || !h.is_number_integer() ||
           !n.is_number_integer())
         continue;
       const RowKey key{causal.get<bool>(), n.get<int>(), b.get<int>(), h.get<int>()};
       PassSum& s = columns[ci->second].passes[key][pass.get<std::string>()];
       ++s.kernels;
-      if (const json& p = at(k, "/predicted/time_ms"); p.is_number()) ++s.predicted, s.predicted_ms += p.get<double>();
-      if (const json& m = at(k, "/measured/time_ms"); m.is_number()) ++s.measured, s.measured_ms += m.get<double>();
-      if (const json& how = at(k, "/config/how"); how.is_string() && s.how.empty()) s.how = how.get<std::string>();
+      if (const json& p = json_at(k, "/predicted/time_ms"); p.is_number()) ++s.predicted, s.predicted_ms += p.get<double>();
+      if (const json& m = json_at(k, "/measured/time_ms"); m.is_number()) ++s.measured, s.measured_ms += m.get<double>();
+      if (const json& how = json_at(k, "/config/how"); how.is_string() && s.how.empty()) s.how = how.get<std::string>();
     }
   }
   if (columns.empty()) return Error::invalid("summary: the reports have no archs");
@@ -232,7 +227,7 @@ Result<json> build_summary(const std::vector<json>& reports, const std::vector<s
         cell["predicted_total_ms"] =
             f.predicted_ms.get<double>() + (with_backward ? b.predicted_ms.get<double>() : 0.0);
       cell["config"] = config_text(pit->second);
-      const GpuSpec* gpu = at(c.gpu, "/key").is_string() ? find_gpu(c.gpu["key"].get<std::string>()) : nullptr;
+      const GpuSpec* gpu = json_at(c.gpu, "/key").is_string() ? find_gpu(c.gpu["key"].get<std::string>()) : nullptr;
       cell["gpu"] = gpu ? json(gpu->key) : json(nullptr);
       cell["softmax_ms"] = nullptr;
       cell["eager_ms"] = nullptr;
@@ -290,7 +285,7 @@ Result<json> build_summary(const std::vector<json>& reports, const std::vector<s
   json cols = json::array();
   for (const auto& c : columns)
     cols.push_back({{"column", c.name}, {"label", c.label}, {"arch", c.arch},
-                    {"gpu", at(c.gpu, "/key")}, {"gpu_name", at(c.gpu, "/name")}});
+                    {"gpu", json_at(c.gpu, "/key")}, {"gpu_name", json_at(c.gpu, "/name")}});
   return json{{"reference", columns[ref].name}, {"columns", cols}, {"rows", rows}, {"crossover", crossover}};
 }
 
@@ -406,10 +401,10 @@ std::vector<std::string> summary_charts(const json& s) {
         if (row["causal"] != causal) continue;
         const json& cell = row["cells"][ci];
         const double seq = row["shape"]["seq"].get<double>();
-        if (at(cell, "/predicted_total_ms").is_number()) luna.points.push_back({seq, cell["predicted_total_ms"].get<double>()});
+        if (json_at(cell, "/predicted_total_ms").is_number()) luna.points.push_back({seq, cell["predicted_total_ms"].get<double>()});
         if (cell.value("total_source", json()) == "measured") meas.points.push_back({seq, cell["total_ms"].get<double>()});
-        if (at(cell, "/softmax_ms").is_number()) soft.points.push_back({seq, cell["softmax_ms"].get<double>()});
-        if (at(cell, "/eager_ms").is_number()) eager.points.push_back({seq, cell["eager_ms"].get<double>()});
+        if (json_at(cell, "/softmax_ms").is_number()) soft.points.push_back({seq, cell["softmax_ms"].get<double>()});
+        if (json_at(cell, "/eager_ms").is_number()) eager.points.push_back({seq, cell["eager_ms"].get<double>()});
       }
       for (ChartSeries* ser : {&luna, &meas, &soft, &eager})
         if (!ser->points.empty()) c.series.push_back(*ser), any = true;
