@@ -117,6 +117,18 @@ double feature_map_wavefronts_per_token(const AttentionSpec& s, double F) {
   }
 }
 
+// LUNA's phi on tensor cores, per row (the header's formulas).
+struct TensorCorePhi {
+  double tc_flops = 0;    // executed on mma (the W split counts twice)
+  double gemm_in_F = 0;   // the part of luna_flops those mmas replace
+  double wavefronts = 0;  // shared / L1
+};
+TensorCorePhi tensor_core_phi(const AttentionSpec& s) {
+  const double d = s.head_dim, M = s.luna.projections, L = s.luna.channels, Hm = s.luna.mlp_width;
+  const double M8 = std::ceil(M / 8) * 8, D = s.feature_dim();
+  return {2 * 2 * d * M8 + 2 * M * Hm * L, 2 * d * M + 2 * M * Hm * L, M * Hm / 32 + 2 * d / 64 + D / 64};
+}
+
 // Where a kernel's FLOPs go, for the wavefront and tensor-core split.
 struct Split {
   double fm = 0;          // phi (and its J^T): CUDA cores, parameter loads through L1
@@ -125,14 +137,22 @@ struct Split {
   double sfu = 0;         // SFU results
 };
 
-void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F) {
+void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F,
+            bool tc_phi = false) {
   // fm_rows_F: feature-map FLOPs (the wavefront rule is per F FLOPs of phi).
-  const double fm_wave = F > 0 ? fm_rows_F / F * feature_map_wavefronts_per_token(s, F) : 0;
+  const double rows = F > 0 ? fm_rows_F / F : 0;
+  double fm_wave = rows * feature_map_wavefronts_per_token(s, F);
   if (tensor) {
     const double e = dtype_bytes(s.dtype);
     k.tc_flops = sp.product;
+    if (tc_phi) {
+      const TensorCorePhi p = tensor_core_phi(s);
+      k.flops += rows * (p.tc_flops - p.gemm_in_F);
+      k.tc_flops += rows * p.tc_flops;
+      fm_wave = rows * p.wavefronts;
+    }
     k.tc_dtype = s.dtype;
-    k.cuda_flops = k.flops - sp.product;
+    k.cuda_flops = k.flops - k.tc_flops;
     k.smem_wavefronts = fm_wave + sp.product * e * 64 / (2 * 32 * 32) / 128;
   } else {
     k.tc_flops = 0;
@@ -233,9 +253,17 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // mma.sync (templates/lunajit/linear_attention_mma.cuh): the non-causal state
   // and output products, and the causal chunk's masked strip, inter-chunk and
   // state-update products (not the causal performer, which has no mma kernel);
-  // the feature map stays on CUDA cores. Every backward kernel is scalar.
+  // LUNA's feature map too where feature_map_on_tensor_cores says so, every
+  // other feature map stays on CUDA cores. Every backward kernel is scalar.
   return config.mma() && pass == Pass::forward && spec.dtype != DType::fp32 &&
          !(spec.causal && spec.family == Family::performer);
+}
+
+bool feature_map_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  const LunaOptions& o = spec.luna;
+  return uses_tensor_cores(spec, config, pass) && spec.dtype == DType::bf16 && spec.family == Family::luna &&
+         o.variant == LunaVariant::neural && o.shared_channels && spec.head_dim % 16 == 0 && o.mlp_width % 16 == 0 &&
+         o.channels % 8 == 0 && spec.head_dim + 8 <= 2 * spec.feature_dim();
 }
 
 double feature_map_flops_per_token(const AttentionSpec& s, bool is_query) {
@@ -333,7 +361,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
                                       "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, param_reduce)",
                                       role));
   }
-  finish(k, sp, s, tensor, sp.fm, Fq);
+  const bool tc_phi = role != "feature_map" && role != "key_stab" && feature_map_on_tensor_cores(s, c, pass);
+  finish(k, sp, s, tensor, sp.fm, Fq, tc_phi);
   return k;
 }
 

@@ -65,6 +65,14 @@
 //       t2r, hedgehog, slay): min(features, 32); element-wise (elu, relu,
 //       cosformer): one operand per element, 1.
 //       wavefronts = F / 2 * lines / 32 per token.
+//     LUNA's feature map on tensor cores (feature_map_on_tensor_cores: the
+//       mma kernels of a bf16 spec, templates/lunajit/feature_map_mma.cuh), per
+//       row: tc_flops 2 * 2 d M8 (W split into two bf16 halves, M8 = M rounded
+//       up to 8) + 2 M Hm L (psi = H W2^T); on CUDA cores F - 2 d M - 2 M Hm L
+//       (the hidden layer's fmaf and activations, the gate, the output
+//       activation); wavefronts M Hm / 32 (W1, b1: 8 loads per lane per 16
+//       rows, projection and k16 step, one wavefront each) + d / 64 (the bf16
+//       copy of x, stored) + d / 64 (its ldmatrix) + D / 64 (phi's stores).
 //   SFU ops per token of phi: luna activations gelu 1 (erf), silu 2 (ex2, rcp),
 //   tanh 1, relu 0; softplus 2 (ex2, lg2); performer D (exp); rff 2m (sin,
 //   cos); hedgehog f (exp); slay R M + P; cosformer 2d; elu d; normalized
@@ -221,6 +229,14 @@ struct KernelCounts {
 // state and output kernels, the causal chunk kernel; never the causal
 // performer); false for every backward kernel.
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
+
+// Whether those kernels also compute phi on tensor cores: LUNA's neural map
+// with shared channels on a bf16 spec, d and Hm multiples of 16, L a multiple
+// of 8, d + 8 <= 2 D (MmaPhiSupport in templates/lunajit/feature_map_mma.cuh;
+// tests/runtime_nvrtc/mma_forward_compile_test.cpp checks that the two agree).
+// Only the state, output and causal_chunk kernels; never the standalone
+// feature-map pass or the backward.
+bool feature_map_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // FLOPs of phi for one token of one head (the conventions above), for a query
 // row (is_query) or a key row; the two differ only for performer, whose

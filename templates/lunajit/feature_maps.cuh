@@ -77,6 +77,7 @@ LUNAJIT_DEVICE float bank_basis(int l, float u) {
 // over the hidden units with L accumulators in registers (no Hm-sized storage).
 template <class Opt>
 struct LunaFeatureMap {
+  using Options = Opt;
   static constexpr int d = Opt::d, M = Opt::projections, L = Opt::channels, Hm = Opt::mlp_width;
   static constexpr int D = M * L;
   static constexpr int kScratchPerRow = 1;  // gate h(x) / sqrt(M)

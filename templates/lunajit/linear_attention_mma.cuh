@@ -31,6 +31,7 @@
 #pragma once
 
 #include "lunajit/linear_attention.cuh"
+#include "lunajit/feature_map_mma.cuh"
 #include "lunajit/mma.cuh"
 
 namespace lunajit {
@@ -51,39 +52,6 @@ struct MmaTraits {
 };
 
 namespace mma_detail {
-
-// Two floats rounded to T, packed (lower index in the low half).
-template <class T>
-LUNAJIT_DEVICE unsigned pack2(float lo, float hi) {
-  if constexpr (mma::IsSame<T, __nv_bfloat16>::value) return mma::pack_bf16x2(lo, hi);
-  else return mma::pack_f16x2(lo, hi);
-}
-
-// Two adjacent fp32 values of shared memory as one 64-bit load (served per
-// half-warp: conflict-free when consecutive threads take consecutive pairs;
-// a float2 would do on the device, but the host compiles it as two 32-bit
-// loads, which its bank profile counts as 2-way conflicts).
-LUNAJIT_DEVICE float2 load_pair(const float* p) {
-  const unsigned long long w = *reinterpret_cast<const unsigned long long*>(p);
-  return make_float2(__uint_as_float((unsigned)w), __uint_as_float((unsigned)(w >> 32)));
-}
-
-// phi (rows, D) fp32 -> dst (rows_alloc, PD) in T, two elements per 32-bit
-// store (whole words: no two threads write one word); rows >= valid become 0
-// (phi leaves them unwritten).
-template <class T, int NT, int D, int PD>
-LUNAJIT_DEVICE void round_phi(const float* phi, unsigned* dst, int valid, int rows_alloc) {
-  constexpr int kPairs = D / 2;
-  for (int e = threadIdx.x; e < rows_alloc * kPairs; e += NT) {
-    const int r = e / kPairs, f = 2 * (e - r * kPairs);
-    unsigned packed = 0u;
-    if (r < valid) {
-      const float2 p = load_pair(phi + r * D + f);
-      packed = pack2<T>(p.x, p.y);
-    }
-    dst[(r * PD + f) / 2] = packed;
-  }
-}
 
 // acc[j] += A B_j for the NPW consecutive 8-column n-tiles of a row-major
 // (16, >= 8 NPW) 16-bit tile at `b` (row stride P): B is stored k-major, so
@@ -157,6 +125,7 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   }
   const T* vbase = static_cast<const T*>(v_in.data) + b * v_in.stride_batch + h * v_in.stride_head;
   unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
+  const MmaPhi<K> phi_map(params);  // the feature map's parameters, staged once per block
   for (int t0 = s0; t0 < s1; t0 += Tk) {
     const int valid = min(Tk, s1 - t0);
     load_rows<T, NT>(k_in, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
@@ -172,9 +141,8 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
       v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
     }
     __syncthreads();
-    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid,
-                                      FeatureContext{params, t0, seq, 0, key_stab});
-    mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h), valid, Tk);
+    phi_map.template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch, reinterpret_cast<unsigned*>(smem + L.phi_h),
+                              valid, Tk, FeatureContext{params, t0, seq, 0, key_stab});
     __syncthreads();
     for (int k0 = 0; k0 < Tk; k0 += 16) {
 #pragma unroll
@@ -297,8 +265,9 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
     z_words[e] = mma_detail::pack2<T>(p.x * z_scale, p.y * z_scale);
   }
   const FeatureContext ctx{Tr::head_params(a.params, h), t0, seq, 1, 0.0f};
-  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid, ctx);
-  mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h), valid, Tk);
+  const MmaPhi<K> phi_map(ctx.params);
+  phi_map.template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch, reinterpret_cast<unsigned*>(smem + L.phi_h),
+                            valid, Tk, ctx);
   __syncthreads();
 
   const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);  // (Tk, PD)
@@ -436,6 +405,9 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
     }
   }
 
+  // The feature map's parameters are loaded per phi tile here (L1-resident
+  // after the first chunk): kept across the chunk walk next to the master
+  // state they would spill on sm_80.
   for (int t0 = 0; t0 < seq; t0 += C) {
     const int valid = min(C, seq - t0);
     // 1a. phi(q) -> phi_h; this thread's largest |S|, |z| (the master state of the chunks before).
@@ -460,9 +432,9 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
       red[NW + warp] = zmax;
     }
     __syncthreads();
-    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid,
-                                      FeatureContext{params, t0, seq, 1, 0.0f});
-    mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h), valid, C);
+    MmaPhi<K>(params).template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch,
+                                        reinterpret_cast<unsigned*>(smem + L.phi_h), valid, C,
+                                        FeatureContext{params, t0, seq, 1, 0.0f});
     smax = red[0];
     zmax = red[NW];
     for (int w = 1; w < NW; ++w) {
@@ -506,9 +478,9 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
       v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);
     }
     __syncthreads();
-    K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid,
-                                      FeatureContext{params, t0, seq, 0, 0.0f});
-    mma_detail::round_phi<T, NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_k_h), valid, C);
+    MmaPhi<K>(params).template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch,
+                                        reinterpret_cast<unsigned*>(smem + L.phi_k_h), valid, C,
+                                        FeatureContext{params, t0, seq, 0, 0.0f});
     __syncthreads();
 
     // 3. Output rows of this chunk.

@@ -28,6 +28,7 @@
 
 #include "autotune/search_space.h"
 #include "autotune/validation.h"
+#include "codegen/cost_model.h"
 #include "codegen/feature_params.h"
 #include "runtime/attention_runner.h"
 #include "tests/autotune/host_cases.h"
@@ -149,6 +150,49 @@ std::vector<Case> all_cases() {
 INSTANTIATE_TEST_SUITE_P(AllFamilies, MmaForwardHost, ::testing::ValuesIn(all_cases()), case_name);
 
 // A partial dv block (dv 96 = 64 + 32 with dv_block 64) and d != dv.
+// LUNA's feature map on tensor cores (feature_map_mma.cuh) beyond the default
+// spec: the envelope gate, a partial projection n-tile with two psi n-tiles
+// (M 4, L 16), gelu hidden units with a softplus output (causal), against the
+// reference and the scalar kernels (bounds as MatchesReference).
+TEST(MmaFeatureMapHost, LunaVariantsMatchTheReference) {
+  struct Variant {
+    const char* what;
+    void (*change)(AttentionSpec&);
+  };
+  const Variant variants[] = {
+      {"envelope", [](AttentionSpec& s) { s.luna.envelope = true; }},
+      {"M 4 L 16",
+       [](AttentionSpec& s) {
+         s.luna.projections = 4;
+         s.luna.channels = 16;
+       }},
+      {"gelu softplus causal",
+       [](AttentionSpec& s) {
+         s.luna.activation = Activation::gelu;
+         s.luna.output_activation = OutputActivation::softplus;
+         s.causal = true;
+       }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    AttentionSpec spec = default_spec(Family::luna);
+    v.change(spec);
+    const TileConfig config = default_config(spec, sm90()).with_mma(true);
+    ASSERT_TRUE(feature_map_on_tensor_cores(spec, config, Pass::forward));
+    CheckOptions opt;
+    opt.seed = 3;
+    opt.shape = {2, 2, 77};
+    auto mma = check_forward(host_backend(), spec, config, opt);
+    ASSERT_TRUE(mma.ok()) << mma.error().message;
+    auto scalar = check_forward(host_backend(), spec, config.with_mma(false), opt);
+    ASSERT_TRUE(scalar.ok()) << scalar.error().message;
+    std::printf("luna %s: mma rel rms %.3e, scalar %.3e\n", v.what, mma->rel_rms, scalar->rel_rms);
+    EXPECT_TRUE(mma->pass) << mma->rel_rms;
+    EXPECT_LE(mma->rel_rms, 4 * scalar->rel_rms + std::ldexp(1.0, -9));
+    EXPECT_GT(mma->rms_reference, 1e-3);
+  }
+}
+
 TEST(MmaForwardHostDims, PartialValueBlock) {
   AttentionSpec spec = default_spec(Family::elu);
   spec.causal = false;

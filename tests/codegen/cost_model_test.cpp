@@ -5,6 +5,7 @@
 // the default LUNA spec by hand. The byte and FLOP counts themselves are
 // checked by hand in tests/report/report_test.cpp (CostModel.*).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "codegen/cost_model.h"
 
@@ -127,17 +128,46 @@ TEST(CostModelCounts, DefaultLunaStateKernelByHand) {
 }
 
 TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
-  // The same state kernel with TileConfig::mma: the 528384 product FLOPs on
-  // tensor cores (bf16), phi's 696320 on CUDA cores; the products' shared
-  // traffic is 2 bytes * (32 + 32) / (2 * 32 * 32) per FLOP in 128-byte
-  // wavefronts: 528384 / 2048 = 258, phi's 18048 unchanged.
-  const AttentionSpec s = default_spec(Family::luna);
+  // The same state kernel with TileConfig::mma, fp16 (phi stays on CUDA
+  // cores): the 528384 product FLOPs on tensor cores, phi's 696320 on CUDA
+  // cores; the products' shared traffic is 2 bytes * (32 + 32) / (2 * 32 * 32)
+  // per FLOP in 128-byte wavefronts: 528384 / 2048 = 258, phi's 18048 unchanged.
+  AttentionSpec s16 = default_spec(Family::luna);
+  s16.dtype = DType::fp16;
   const TileConfig c = TileConfig(64, 4, 64, 64, 4).with_mma(true);
-  auto k = kernel_counts(s, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
+  auto k = kernel_counts(s16, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
   EXPECT_EQ(k.tc_flops, 528384);
-  EXPECT_EQ(k.tc_dtype, DType::bf16);
+  EXPECT_EQ(k.tc_dtype, DType::fp16);
   EXPECT_EQ(k.cuda_flops, 696320);
   EXPECT_DOUBLE_EQ(k.smem_wavefronts, 18048 + 258);
+  EXPECT_FALSE(feature_map_on_tensor_cores(s16, c, Pass::forward));
+  // bf16: LUNA's phi on tensor cores too (feature_map_mma.cuh). Per row of
+  // phi (F = 10880): the projection with W split in two, 2 * 2 * 64 * 8 = 2048,
+  // and psi = H W2^T, 2 * 8 * 64 * 8 = 8192, on mma (replacing 1024 + 8192 of
+  // F); 10880 - 9216 = 1664 on CUDA cores; wavefronts 8 * 64 / 32 (W1, b1)
+  // + 2 * 64 / 64 (x copy and its ldmatrix) + 64 / 64 (phi's stores) = 19.
+  const AttentionSpec s = default_spec(Family::luna);
+  ASSERT_EQ(s.dtype, DType::bf16);
+  EXPECT_TRUE(feature_map_on_tensor_cores(s, c, Pass::forward));
+  k = kernel_counts(s, c, Pass::forward, "state", {1, 1, 64}).value_or_throw();
+  EXPECT_EQ(k.tc_flops, 528384 + 64 * (2048 + 8192));
+  EXPECT_EQ(k.tc_dtype, DType::bf16);
+  EXPECT_EQ(k.cuda_flops, 64 * 1664);
+  EXPECT_EQ(k.flops, k.tc_flops + k.cuda_flops);
+  EXPECT_DOUBLE_EQ(k.smem_wavefronts, 64 * 19 + 258);
+  // Not for the standalone feature map, the backward, or maps without the form.
+  EXPECT_FALSE(feature_map_on_tensor_cores(s, c, Pass::backward));
+  EXPECT_FALSE(feature_map_on_tensor_cores(s, c.with_mma(false), Pass::forward));
+  auto fm = kernel_counts(s, c, Pass::forward, "feature_map", {1, 1, 64}).value_or_throw();
+  EXPECT_EQ(fm.tc_flops, 0);
+  for (auto change : {+[](AttentionSpec& x) { x.luna.shared_channels = false; },
+                      +[](AttentionSpec& x) { x.luna.mlp_width = 24; },
+                      +[](AttentionSpec& x) { x.luna.channels = 4; },
+                      +[](AttentionSpec& x) { x.luna.variant = LunaVariant::bank_coef; }}) {
+    AttentionSpec v = s;
+    change(v);
+    EXPECT_FALSE(feature_map_on_tensor_cores(v, c, Pass::forward)) << to_json(v).dump();
+  }
   // Only the forward of a 16-bit spec has mma kernels, causal or not, except
   // the causal performer (its running stabiliser has no mma kernel).
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "codegen/cost_model.h"
 #include "codegen/generator.h"
 #include "codegen/launch_plan.h"
 #include "runtime/nvrtc_compiler.h"
@@ -90,6 +91,65 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
                                                      : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
       EXPECT_NE(r->ptx.find(instr), std::string::npos) << instr;
     }
+  }
+}
+
+// The cost model's feature_map_on_tensor_cores (host) against what the
+// template does (MmaPhiSupport, device): a LUNA variant's mma state kernel in
+// bf16 holds exactly 2 KP NP + M KH NL more mma.sync than the same variant in
+// fp16 (whose feature map never takes the tensor-core form; same D, same
+// config, so the same product mmas) when the model says phi is on tensor
+// cores (KP = d / 16, NP = ceil(M / 8), KH = Hm / 16, NL = L / 8), and as many
+// otherwise.
+TEST(MmaFeatureMapNvrtc, CostModelAgreesWithTheTemplate) {
+  const Arch arch = arch_from_sm(90).value_or_throw();
+  NvrtcOptions o;
+  o.emit_ptx = true;
+  auto state_mmas = [&](const AttentionSpec& spec, const TileConfig& config) {
+    const KernelSource src = generate(spec, config, Pass::forward).value_or_throw();
+    auto r = compile_nvrtc(src, arch, o);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    if (!r.ok()) return -1;
+    for (const KernelResources& res : r->resources)
+      if (res.name_expression.rfind("lunajit::mma_state_kernel", 0) == 0)
+        return count(entry_text(r->ptx, res.lowered_name), "mma.sync");
+    ADD_FAILURE() << "no mma_state_kernel";
+    return -1;
+  };
+  struct Variant {
+    const char* what;
+    void (*change)(AttentionSpec&);
+    bool expect;
+  };
+  const Variant variants[] = {
+      {"default", [](AttentionSpec&) {}, true},
+      {"envelope", [](AttentionSpec& s) { s.luna.envelope = true; }, true},
+      {"M 4, L 16 (a partial projection n-tile, two psi n-tiles)",
+       [](AttentionSpec& s) {
+         s.luna.projections = 4;
+         s.luna.channels = 16;
+       },
+       true},
+      {"separate channels", [](AttentionSpec& s) { s.luna.shared_channels = false; }, false},
+      {"Hm 24", [](AttentionSpec& s) { s.luna.mlp_width = 24; }, false},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    AttentionSpec bf16 = default_spec(Family::luna);
+    v.change(bf16);
+    AttentionSpec fp16 = bf16;
+    fp16.dtype = DType::fp16;
+    const TileConfig config = default_config(bf16, arch).with_mma(true);
+    ASSERT_TRUE(can_implement(bf16, config, arch)) << can_implement(bf16, config, arch).error().message;
+    const bool model = feature_map_on_tensor_cores(bf16, config, Pass::forward);
+    EXPECT_EQ(model, v.expect);
+    EXPECT_FALSE(feature_map_on_tensor_cores(fp16, config, Pass::forward));
+    const LunaOptions& l = bf16.luna;
+    const int phi_mmas = 2 * (bf16.head_dim / 16) * ((l.projections + 7) / 8) +
+                         l.projections * (l.mlp_width / 16) * (l.channels / 8);
+    const int a = state_mmas(bf16, config), b = state_mmas(fp16, config);
+    std::printf("%-45s mma.sync bf16 %d fp16 %d (model: phi on tensor cores %d)\n", v.what, a, b, model);
+    EXPECT_EQ(a - b, model ? phi_mmas : 0);
   }
 }
 

@@ -1,0 +1,265 @@
+// The feature map on tensor cores for the mma kernels (linear_attention_mma.cuh):
+// phi of a tile of rows straight into the padded 16-bit tile the products read
+// (row stride PD = D + 8 elements), with no fp32 phi tile in between.
+//
+// MmaPhi<K>: the constructor loads this lane's fragments of W (hi and lo), W2
+// and b2 into registers (the state pass does it once per block; the causal
+// walk once per phi tile, since kept next to its master state they would
+// spill); W1 and b1 (4 values per lane and k-step) are re-read from L1 once
+// per projection and tile, i.e. once per 16 rows x 16 hidden units, where the
+// fp32 map reads a parameter per FMA. tile(...) maps one tile. For a feature
+// map without a tensor-core form it falls back to FM::apply (fp32, shared
+// memory) and rounds phi to T once.
+//
+// LUNA on tensor cores (bf16 specs; neural variant with shared channels,
+// d and Hm multiples of 16, L a multiple of 8; docs/MATH.md "Tensor-core
+// feature map"). Per warp and 16-row m-tile:
+//   1. the projection U = X W^T (16 x M) on mma: A = X from a padded bf16 copy
+//      of the x tile (exact: x is a bf16 tensor) by ldmatrix.x4, B = W^T from
+//      registers as W = W_hi + W_lo, both bf16 (W_lo = bf16(W - W_hi)): two mmas
+//      per k-step give W to 2^-18 relative (u fp32-like), because the
+//      nonlinearity downstream amplifies an error in u by |W1|;
+//   2. per projection p: the hidden layer H (16 x Hm), H[r][j] = act(W1_j
+//      u[r][p] + b1_j), is built directly in A-fragment registers (lane (g, t)
+//      needs u of rows g and g + 8: two shuffles from lane 4g + (p mod 8)/2,
+//      which holds them in its C fragment), W1 and b1 in fp32, the
+//      activation fused, each element rounded once to bf16;
+//   3. psi = H W2^T + b2 (16 x L) on mma, B = W2^T (bf16) from registers, C
+//      seeded with b2. Its C fragment (rows g, g + 8; channels 2t, 2t + 1 of
+//      each 8-channel n-tile) is exactly the fragment of phi's columns p L + l,
+//      so the epilogue (output activation, gate h(x)/sqrt(M)) writes whole
+//      bf16x2 words of phi_h, conflict-free (row stride 4 mod 8 words).
+// Rounding: x exact; W to 2^-18; H and W2 once each to bf16 (2^-9); every
+// product exact in fp32, every sum fp32 in k order; phi once to bf16 (as the
+// fp32 path rounds it). fp16 specs keep the fp32 feature map: their parameters
+// and hidden activations could leave fp16's range, bf16 has fp32's.
+#pragma once
+
+#include "lunajit/feature_maps.cuh"
+#include "lunajit/layout.cuh"
+#include "lunajit/mma.cuh"
+
+namespace lunajit {
+
+namespace mma_detail {
+
+// Two floats rounded to T, packed (lower index in the low half).
+template <class T>
+LUNAJIT_DEVICE unsigned pack2(float lo, float hi) {
+  if constexpr (mma::IsSame<T, __nv_bfloat16>::value) return mma::pack_bf16x2(lo, hi);
+  else return mma::pack_f16x2(lo, hi);
+}
+
+// Two adjacent fp32 values of shared memory as one 64-bit load (served per
+// half-warp: conflict-free when consecutive threads take consecutive pairs;
+// a float2 would do on the device, but the host compiles it as two 32-bit
+// loads, which its bank profile counts as 2-way conflicts).
+LUNAJIT_DEVICE float2 load_pair(const float* p) {
+  const unsigned long long w = *reinterpret_cast<const unsigned long long*>(p);
+  return make_float2(__uint_as_float((unsigned)w), __uint_as_float((unsigned)(w >> 32)));
+}
+
+// a ~= hi + lo, both bf16x2: hi = bf16(a), lo = bf16(a - hi) (a - hi is exact in fp32).
+LUNAJIT_DEVICE void split_bf16x2(float a0, float a1, unsigned& hi, unsigned& lo) {
+  hi = mma::pack_bf16x2(a0, a1);
+  lo = mma::pack_bf16x2(a0 - mma::bf16x2_lo(hi), a1 - mma::bf16x2_hi(hi));
+}
+
+// fp32 rows (rows_alloc, cols) -> (rows_alloc, P) in T, two elements per
+// 32-bit store; rows >= valid become 0. Exact when the values are T values.
+template <class T, int NT, int COLS, int P>
+LUNAJIT_DEVICE void round_rows(const float* src, unsigned* dst, int valid, int rows_alloc) {
+  constexpr int kPairs = COLS / 2;
+  for (int e = threadIdx.x; e < rows_alloc * kPairs; e += NT) {
+    const int r = e / kPairs, f = 2 * (e - r * kPairs);
+    unsigned packed = 0u;
+    if (r < valid) {
+      const float2 v = load_pair(src + r * COLS + f);
+      packed = pack2<T>(v.x, v.y);
+    }
+    dst[(r * P + f) / 2] = packed;
+  }
+}
+
+}  // namespace mma_detail
+
+// Whether FM has a tensor-core form for I/O type T (the fallback otherwise).
+template <class FM, class T>
+struct MmaPhiSupport {
+  static constexpr bool value = false;
+};
+template <class Opt>
+struct MmaPhiSupport<LunaFeatureMap<Opt>, __nv_bfloat16> {
+  static constexpr bool value = Opt::variant == fm::LunaVariant::neural && Opt::shared_channels &&
+                                Opt::d % 16 == 0 && Opt::mlp_width % 16 == 0 && Opt::channels % 8 == 0 &&
+                                // the bf16 copy of x fits in the fp32 phi tile it replaces
+                                mma_row_halves(Opt::d) <= 2 * Opt::projections * Opt::channels;
+};
+
+// LUNA's parameters in this lane's fragment positions (g = lane >> 2, t = lane & 3).
+template <class Opt>
+struct LunaMmaParams {
+  using FM = LunaFeatureMap<Opt>;
+  static constexpr int d = Opt::d, M = Opt::projections, L = Opt::channels, Hm = Opt::mlp_width;
+  static constexpr int KP = d / 16, NP = (M + 7) / 8, KH = Hm / 16, NL = L / 8;
+  unsigned w_hi[KP][NP][2], w_lo[KP][NP][2];  // B = W^T: (k = 2t + 8r.., n = g) of each tile
+  unsigned w2[KH][NL][2];                      // B = W2^T: (k = hidden unit, n = channel g)
+  float b2[NL][2];                             // channels 8 nl + 2t, 2t + 1
+
+  LUNAJIT_DEVICE void load(const float* p, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < KP; ++kk)
+#pragma unroll
+      for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = nt * 8 + g, c = kk * 16 + 2 * t + 8 * r;
+          const float a0 = i < M ? p[FM::kW + i * d + c] : 0.0f, a1 = i < M ? p[FM::kW + i * d + c + 1] : 0.0f;
+          mma_detail::split_bf16x2(a0, a1, w_hi[kk][nt][r], w_lo[kk][nt][r]);
+        }
+#pragma unroll
+    for (int kk = 0; kk < KH; ++kk) {
+#pragma unroll
+      for (int nl = 0; nl < NL; ++nl)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int l = nl * 8 + g, j = kk * 16 + 2 * t + 8 * r;
+          w2[kk][nl][r] = mma::pack_bf16x2(p[FM::kW2 + l * Hm + j], p[FM::kW2 + l * Hm + j + 1]);
+        }
+    }
+#pragma unroll
+    for (int nl = 0; nl < NL; ++nl) {
+      b2[nl][0] = p[FM::kB2 + nl * 8 + 2 * t];
+      b2[nl][1] = p[FM::kB2 + nl * 8 + 2 * t + 1];
+    }
+  }
+};
+
+template <class K, bool kMma = MmaPhiSupport<typename K::FeatureMap, typename K::T>::value>
+struct MmaPhi;
+
+// Fallback: the fp32 feature map in shared memory, rounded to T once.
+template <class K>
+struct MmaPhi<K, false> {
+  static constexpr bool kTensorCores = false;
+  LUNAJIT_DEVICE explicit MmaPhi(const float*) {}
+  // x (rows_alloc, d) fp32 -> dst (rows_alloc, D + 8) in T; rows >= valid
+  // become 0. phi (rows, D) fp32 and scratch are work space. Needs x visible to
+  // every thread on entry; dst is this block's after the caller's next barrier.
+  template <int NT>
+  LUNAJIT_DEVICE void tile(const float* x, float* phi, float* scratch, unsigned* dst, int valid, int rows_alloc,
+                           const FeatureContext& ctx) const {
+    K::FeatureMap::template apply<NT>(x, phi, scratch, valid, ctx);
+    mma_detail::round_rows<typename K::T, NT, K::D, mma_row_halves(K::D)>(phi, dst, valid, rows_alloc);
+  }
+};
+
+template <class K>
+struct MmaPhi<K, true> {
+  static constexpr bool kTensorCores = true;
+  using FM = typename K::FeatureMap;
+  using Opt = typename FM::Options;
+  using T = typename K::T;
+  using P = LunaMmaParams<Opt>;
+  static constexpr int d = P::d, M = P::M, L = P::L, D = K::D;
+  static constexpr int PX = mma_row_halves(d), PD = mma_row_halves(D);
+  P prm;
+  const float* params;
+
+  LUNAJIT_DEVICE explicit MmaPhi(const float* p) : params(p) { prm.load(p, threadIdx.x % 32); }
+
+  template <int NT>
+  LUNAJIT_DEVICE void tile(const float* x, float* phi, float* scratch, unsigned* dst, int valid, int rows_alloc,
+                           const FeatureContext&) const {
+    const float inv_sqrt_m = 1.0f / sqrtf((float)M);
+    // The bf16 copy of x (exact) in phi's space; the gate per row when enveloped.
+    unsigned* x_words = reinterpret_cast<unsigned*>(phi);
+    mma_detail::round_rows<T, NT, d, PX>(x, x_words, valid, rows_alloc);
+    if constexpr (Opt::envelope) {
+      for (int r = threadIdx.x; r < valid; r += NT)
+        scratch[r] = inv_sqrt_m * fm::sigmoid(fm::dot(params + FM::kA, x + r * d, d) + params[FM::kC]);
+    }
+    __syncthreads();
+    const T* x_h = reinterpret_cast<const T*>(phi);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int lm = lane >> 3, lr = lane & 7, g = lane >> 2, t = lane & 3;
+    for (int m0 = warp * 16; m0 < rows_alloc; m0 += NT / 2) {  // NT / 32 warps x 16 rows
+      const int r0 = m0 + g, r1 = m0 + g + 8;
+      if (m0 >= valid) {  // warp-uniform: rows past the end are zero
+#pragma unroll
+        for (int f = 2 * t; f < D; f += 8) {
+          dst[(r0 * PD + f) / 2] = 0u;
+          dst[(r1 * PD + f) / 2] = 0u;
+        }
+        continue;
+      }
+      // 1. U = X W^T (W = W_hi + W_lo).
+      float u[P::NP][4];
+#pragma unroll
+      for (int nt = 0; nt < P::NP; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) u[nt][q] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < P::KP; ++kk) {
+        unsigned a[4];
+        mma::ldmatrix<4, false>(a, x_h + (m0 + 8 * (lm & 1) + lr) * PX + kk * 16 + 8 * (lm >> 1));
+#pragma unroll
+        for (int nt = 0; nt < P::NP; ++nt) {
+          mma::mma_m16n8k16<T>(u[nt], a, prm.w_hi[kk][nt], u[nt]);
+          mma::mma_m16n8k16<T>(u[nt], a, prm.w_lo[kk][nt], u[nt]);
+        }
+      }
+      float gate0 = inv_sqrt_m, gate1 = inv_sqrt_m;
+      if constexpr (Opt::envelope) {
+        gate0 = r0 < valid ? scratch[r0] : 0.0f;
+        gate1 = r1 < valid ? scratch[r1] : 0.0f;
+      }
+#pragma unroll
+      for (int p = 0; p < M; ++p) {
+        // 2. u of rows g, g + 8 for projection p: lane 4g + (p mod 8)/2 holds them.
+        const int src = 4 * g + (p % 8) / 2;
+        const float ug = __shfl_sync(0xffffffffu, (p & 1) ? u[p / 8][1] : u[p / 8][0], src);
+        const float uh = __shfl_sync(0xffffffffu, (p & 1) ? u[p / 8][3] : u[p / 8][2], src);
+        // 3. psi = act(W1 u + b1) W2^T + b2, the hidden layer in A fragments.
+        float psi[P::NL][4];
+#pragma unroll
+        for (int nl = 0; nl < P::NL; ++nl) {
+          psi[nl][0] = psi[nl][2] = prm.b2[nl][0];
+          psi[nl][1] = psi[nl][3] = prm.b2[nl][1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < P::KH; ++kk) {
+          // W1, b1 of hidden units 16 kk + 2t, 2t + 1, 2t + 8, 2t + 9 (L1-resident;
+          // held in registers for the whole tile they would spill the causal kernel).
+          const int j = kk * 16 + 2 * t;
+          const float w1[4] = {params[FM::kW1 + j], params[FM::kW1 + j + 1], params[FM::kW1 + j + 8],
+                               params[FM::kW1 + j + 9]};
+          const float b1[4] = {params[FM::kB1 + j], params[FM::kB1 + j + 1], params[FM::kB1 + j + 8],
+                               params[FM::kB1 + j + 9]};
+          unsigned a[4];
+          a[0] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[0], ug, b1[0])),
+                                  fm::activation<Opt::activation>(fmaf(w1[1], ug, b1[1])));
+          a[1] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[0], uh, b1[0])),
+                                  fm::activation<Opt::activation>(fmaf(w1[1], uh, b1[1])));
+          a[2] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[2], ug, b1[2])),
+                                  fm::activation<Opt::activation>(fmaf(w1[3], ug, b1[3])));
+          a[3] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[2], uh, b1[2])),
+                                  fm::activation<Opt::activation>(fmaf(w1[3], uh, b1[3])));
+#pragma unroll
+          for (int nl = 0; nl < P::NL; ++nl) mma::mma_m16n8k16<T>(psi[nl], a, prm.w2[kk][nl], psi[nl]);
+        }
+        // Epilogue: phi[r][p L + 8 nl + 2t, +1] = gate_r out_act(psi).
+#pragma unroll
+        for (int nl = 0; nl < P::NL; ++nl) {
+          const int f = p * L + nl * 8 + 2 * t;
+          const auto oa = [](float v) { return fm::output_activation<Opt::output_activation>(v); };
+          dst[(r0 * PD + f) / 2] = r0 < valid ? mma::pack_bf16x2(gate0 * oa(psi[nl][0]), gate0 * oa(psi[nl][1])) : 0u;
+          dst[(r1 * PD + f) / 2] = r1 < valid ? mma::pack_bf16x2(gate1 * oa(psi[nl][2]), gate1 * oa(psi[nl][3])) : 0u;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace lunajit
