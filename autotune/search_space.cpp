@@ -37,6 +37,8 @@ EffectiveKnobs effective_knobs(const AttentionSpec& spec, Pass pass) {
     k.block_tokens = spec.family == Family::performer;
     // mma_causal_chunk_kernel; the causal performer has none (can_implement).
     k.mma = pass == Pass::forward && spec.dtype != DType::fp32 && spec.family != Family::performer;
+    k.state_splits = k.mma;  // the super-chunk split of the tensor-core walk
+    k.state_splits_mma_only = true;
   } else {
     k.block_tokens = true;
     k.state_splits = true;
@@ -55,7 +57,7 @@ std::string knob_signature(const TileConfig& c, const EffectiveKnobs& k) {
   add(k.warps, fmt::format("w{}", c.warps()));
   add(k.dv_block, fmt::format("dv{}", c.dv_block()));
   add(k.chunk, fmt::format("C{}", c.chunk()));
-  add(k.state_splits, fmt::format("s{}", c.state_splits()));
+  add(k.reads_state_splits(c), fmt::format("s{}", c.state_splits()));
   add(k.phi_backward, c.phi_backward() == PhiInBackward::recompute ? "recompute" : "save");
   add(k.mma && c.mma(), "mma");  // scalar configs keep their signatures
   return s;
@@ -69,7 +71,7 @@ std::vector<TileConfig> search_space(const AttentionSpec& spec, Pass pass, const
   auto ignored_match_default = [&](const TileConfig& c) {
     return (knobs.block_tokens || c.block_tokens() == def.block_tokens()) &&
            (knobs.dv_block || c.dv_block() == def.dv_block()) && (knobs.chunk || c.chunk() == def.chunk()) &&
-           (knobs.state_splits || c.state_splits() == def.state_splits()) &&
+           (knobs.reads_state_splits(c) || c.state_splits() == def.state_splits()) &&
            (knobs.phi_backward || c.phi_backward() == def.phi_backward()) && (knobs.mma || c.mma() == def.mma());
   };
   std::vector<TileConfig> out;

@@ -12,7 +12,8 @@
 //   forward, causal       chunk, warps, dv_block; + block_tokens for performer
 //                         (its key_stab pre-pass tiles by block_tokens);
 //                         + mma for bf16/fp16 except performer (the tensor-core
-//                         causal chunk kernel)
+//                         causal chunk kernel), and with it state_splits (its
+//                         super-chunk split; mma configs only)
 //   backward              as the forward of the same causality, + phi_backward
 //   feature_map           block_tokens, warps
 #pragma once
@@ -32,6 +33,12 @@ struct EffectiveKnobs {
   bool state_splits = false;
   bool phi_backward = false;
   bool mma = false;
+  // state_splits counts only for mma configs (causal: the super-chunk split
+  // of the tensor-core chunk walk; the scalar causal kernel has none).
+  bool state_splits_mma_only = false;
+
+  // Whether config c's kernels read its state_splits.
+  bool reads_state_splits(const TileConfig& c) const { return state_splits && (!state_splits_mma_only || c.mma()); }
 
   // "block_tokens, warps, dv_block, state_splits"
   std::string to_string() const;

@@ -19,6 +19,13 @@
 namespace lunajit {
 namespace {
 
+// The base a stored config is read onto: a stored config names every knob
+// but writes `mma` only when it is on (TileConfig::to_json keeps the hashes of
+// scalar configs), so a missing `mma` means off, whatever the default is.
+TileConfig stored_base(const AttentionSpec& spec, const Arch& arch, Pass pass) {
+  return default_config(spec, arch, pass).with_mma(false);
+}
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -127,7 +134,7 @@ ConfigChoice choose_config(const TuningDb& db, const AttentionSpec& spec, Pass p
                            const Arch& arch) {
   const TuningLookup hit = db.lookup(tuning_key(spec, pass, shape));
   if (hit.entry) {
-    auto c = tile_config_from_json(hit.entry->config, default_config(spec, arch, pass));
+    auto c = tile_config_from_json(hit.entry->config, stored_base(spec, arch, pass));
     if (c && can_implement(spec, *c, arch, pass)) return {*c, hit.kind, hit.entry->method};
   }
   return {default_config(spec, arch, pass), LookupKind::none, "default"};
@@ -160,7 +167,7 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       if (auto st = validate(shape); !st) return st.error();
       const TuningKey key = tuning_key(spec, pass, shape);
       auto entry = options_.retune ? std::nullopt : db_.find(key);
-      auto config = entry ? tile_config_from_json(entry->config, default_config(spec, arch, pass))
+      auto config = entry ? tile_config_from_json(entry->config, stored_base(spec, arch, pass))
                           : Result<TileConfig>(Error::invalid("no entry"));
       if (config && can_implement(spec, *config, arch, pass)) {
         TuneResult r;

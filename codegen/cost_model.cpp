@@ -356,6 +356,13 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     sp.conflicted = BH * masked;
     sp.sfu = BH * nd * N * 2 * sfu_row + norm * BH * N * dv;
     k.serial_steps = ceil_div(N, C);
+    if (causal_super_chunks(s, c, pass)) {
+      // Ranges of ceil(chunks / R) chunks walked side by side; block r first
+      // reads the r earlier ranges' partial states.
+      const double R = c.state_splits();
+      k.serial_steps = std::ceil(ceil_div(N, C) / R);
+      k.bytes += nd * BH * R * (R - 1) / 2 * 4 * (D * std::min<double>(c.dv_block(), dv) + D);
+    }
   } else {
     return Error::invalid(fmt::format("kernel = {}: no cost formula (known: feature_map, key_stab, state, output, "
                                       "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, param_reduce)",

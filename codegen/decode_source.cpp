@@ -35,7 +35,10 @@ Status check_decode_support(const AttentionSpec& spec) {
 
 Result<KernelSource> generate_decode(const AttentionSpec& spec, const TileConfig& config) {
   if (auto st = check_decode_support(spec); !st) return st.error();
-  auto src = generate(spec, config, Pass::forward);
+  // The decode step is one scalar kernel whatever the forward runs: a
+  // tensor-core config (the default of bf16/fp16 specs) decodes with the
+  // same tiles on the scalar source.
+  auto src = generate(spec, config.with_mma(false), Pass::forward);
   if (!src) return src;
   // The forward's Kernel description is exactly what the decode kernel reads;
   // only the included template, the entry and the header comment differ.

@@ -38,7 +38,7 @@ bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p == Pass::forwar
 
 std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c, Pass p) {
   std::vector<KernelEntry> e;
-  for (const std::string& role : kernel_roles(s, p)) {
+  for (const std::string& role : kernel_roles(s, p, c)) {
     const bool mma = uses_mma(c, p) && (role == "state" || role == "output" || role == "causal_chunk");
     e.push_back({role, fmt::format("lunajit::{}{}<lunajit_gen::Kernel>", mma ? "mma_" : "", kernel_template(p, role))});
   }

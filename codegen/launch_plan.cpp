@@ -1,5 +1,7 @@
 #include "codegen/launch_plan.h"
 
+#include <algorithm>
+
 #include "common/input_limits.h"
 
 #include <fmt/format.h>
@@ -79,6 +81,17 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass) {
   return roles;
 }
 
+bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  return spec.causal && pass == Pass::forward && config.mma() && config.state_splits() > 1;
+}
+
+std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, const TileConfig& config) {
+  std::vector<std::string> roles = kernel_roles(spec, pass);
+  if (causal_super_chunks(spec, config, pass))
+    roles.insert(std::find(roles.begin(), roles.end(), "causal_chunk"), "state");
+  return roles;
+}
+
 std::string kernel_template(Pass pass, std::string_view role) {
   if (role == "key_stab")
     return pass == Pass::feature_map ? "key_stab_kernel"
@@ -127,7 +140,9 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::
   if (role == "key_stab") return smem_layout(KernelKind::key_stab, dims(c.block_tokens())).bytes();
   // mma: the tensor-core state/output/causal_chunk kernels (forward only;
   // can_implement rejects mma for the backward, whose "state" role stays scalar).
-  if (role == "state" && c.mma()) return mma_smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();
+  // The causal walk's per-range state pass tiles by chunk (super-chunk split).
+  if (role == "state" && c.mma())
+    return mma_smem_layout(KernelKind::state, dims(spec.causal ? c.chunk() : c.block_tokens())).bytes();
   if (role == "output" && c.mma()) return mma_smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
   if (role == "state") return smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();
   if (role == "output") return smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
@@ -155,7 +170,15 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       break;
     case Pass::forward:
       if (performer) add("key_stab", {static_cast<unsigned>(bh), 1, 1});
-      if (spec.causal) {
+      if (causal_super_chunks(spec, c, pass)) {
+        // Per-range states (chunk tiles), then every range's walk seeded with
+        // the ranges before it.
+        const int64_t D = spec.feature_dim();
+        const unsigned ranges = static_cast<unsigned>(c.state_splits());
+        add("state", {static_cast<unsigned>(bh), ranges, dv_blocks});
+        add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, ranges});
+        plan.workspace_floats = state_offset(bh) + bh * ranges * (D * spec.value_dim + D);
+      } else if (spec.causal) {
         add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, 1});
         plan.workspace_floats = state_offset(bh);
       } else {

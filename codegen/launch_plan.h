@@ -43,6 +43,13 @@ struct LaunchPlan {
 // "dstate", "dq", "dkv" | "causal_dq", "causal_dkv", then "param_reduce" when
 // the family learns parameters.
 std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass);
+// The same for one config: a causal forward on tensor cores with
+// state_splits > 1 (the super-chunk split) runs "state" (per-range states)
+// before "causal_chunk".
+std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, const TileConfig& config);
+// Whether a config's causal forward walks its chunks in state_splits ranges
+// (mma_causal_chunk_kernel seeded with the earlier ranges' states).
+bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // The kernel template a role instantiates ("state_kernel"; the backward's
 // state pass is "backward_state_kernel").

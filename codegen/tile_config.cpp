@@ -214,7 +214,7 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
     if (auto st = can_implement_mma(spec, c, pass); !st) return st;
   }
   const long long limit = arch.max_smem_per_block;
-  for (const std::string& role : kernel_roles(spec, pass)) {
+  for (const std::string& role : kernel_roles(spec, pass, c)) {
     const int64_t bytes = dynamic_smem_bytes(spec, c, role);
     if (bytes > limit)
       return Error::invalid(fmt::format("{}: the {} kernel needs {} bytes of shared memory; {} allows {}",
@@ -253,7 +253,13 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
       for (int tokens : {64, 32, 16, 8})
         for (int warps : {4, 8, 2, 1}) {
           TileConfig c(tokens, warps, dvb, chunk, 4);
-          if (can_implement(spec, c, arch, pass)) return c;
+          if (!can_implement(spec, c, arch, pass)) continue;
+          // The forward of a bf16/fp16 spec runs on tensor cores by default
+          // (the same tiles with mma on, where the mma kernels implement them);
+          // fp32 specs and every backward keep the scalar kernels.
+          if (pass == Pass::forward && spec.dtype != DType::fp32 && can_implement(spec, c.with_mma(true), arch, pass))
+            return c.with_mma(true);
+          return c;
         }
   return TileConfig(8, 1, 8, 8, 1);  // the smallest: fitting_default_config reports why it does not fit
 }

@@ -86,15 +86,21 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
 
 }  // namespace mma_detail
 
-template <class K>
+// Tk: the token tile, K::block_tokens for the non-causal state pass, K::chunk
+// for the per-range states of the causal walk's super-chunk split (ranges
+// then start on chunk boundaries).
+template <class K, int Tk = K::block_tokens>
 LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
                                     const float* all_params, float key_stab, float* parts_base) {
   using Tr = KernelTraits<K>;
-  using M = MmaTraits<K>;
   using T = typename K::T;
-  constexpr int Tk = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
-  constexpr int PD = M::PD, PV = M::PV;
-  constexpr MmaWarpTiling W = M::kState;
+  constexpr int D = K::D, DVB = K::dv_block, NT = K::threads;
+  constexpr int PD = mma_row_halves(D), PV = mma_row_halves(DVB);
+  constexpr MmaWarpTiling W = mma_warp_tiling(KernelKind::state, D, DVB, Tk, NT / 32);
+  static_assert(!mma::IsSame<T, float>::value, "the mma kernels take bf16 or fp16 I/O; fp32 specs use the scalar path");
+  static_assert(D % 16 == 0 && DVB % 16 == 0 && Tk % 16 == 0,
+                "mma kernels need D, dv_block and the token tile multiples of 16 (can_implement)");
+  static_assert(W.fits, "warps do not tile the mma state product (can_implement)");
   constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk));
   float* smem = reinterpret_cast<float*>(dynamic_smem());
   const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);  // (Tk, PD)
@@ -190,9 +196,12 @@ __global__ void __launch_bounds__(K::threads) mma_state_kernel(const ForwardArgs
   // Packed variable-length batches: sequence b's tokens (as state_kernel).
   const SeqSpan sp = sequence_span(args.cu_seqlens, bh / args.problem.heads, args.problem.seq);
   const ForwardArgs a = sequence_args<K>(args, sp);
-  mma_state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params,
-                     K::performer ? a.workspace[bh] : 0.0f,
-                     a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads));
+  const Problem problem{a.problem.batch, a.problem.heads, sp.len};
+  float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads);
+  if constexpr (K::causal)  // the causal walk's per-range states (mma_causal_chunk_kernel)
+    mma_state_block<K, K::chunk>(problem, a.k, a.v, a.params, 0.0f, parts);
+  else
+    mma_state_block<K>(problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f, parts);
 }
 
 template <class K>
@@ -316,10 +325,11 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 }
 
 // Causal forward on tensor cores (docs/MATH.md "Tensor-core causal forward"),
-// grid (batch*heads, dv blocks) as causal_chunk_kernel: one block walks the
-// chunks in order. Per chunk of C tokens:
-//   1. phi(q), phi(k) (fp32 feature map) rounded once to T into padded tiles
-//      phi_h, phi_k_h; V copied in T (exact) into v_h.
+// grid (batch*heads, dv blocks, ranges: 1 unless split, below) as
+// causal_chunk_kernel: one block walks its chunks in order. Per chunk of C tokens:
+//   1. phi(q), phi(k) (MmaPhi: on mma for LUNA bf16, else the fp32 map)
+//      rounded once to T into padded tiles phi_h, phi_k_h; V copied in T
+//      (exact) into v_h.
 //   2. The fp32 master state (S, z) of the chunks before, held in the state
 //      tiling's registers (as mma_state_block), scaled by powers of two so its
 //      largest magnitude lies in [1, 2) and rounded to T into s_h, z_h.
@@ -336,6 +346,11 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 //      and o_i = acc / (dacc + eps r_i). n-tiles and k16 steps past the
 //      diagonal are skipped (masked to zero anyway).
 //   4. S += Phi_k^T V, z += Phi_k^T 1 on mma into the master registers.
+// With the super-chunk split (R = K::state_splits > 1; grid z = R ranges of
+// ceil(chunks / R) chunks) block r walks only range r, its master state seeded
+// with the carried state plus the fp32 states of ranges 0 .. r-1 (mma_state_kernel
+// on chunk tiles, launched first), summed in range order; only the last range
+// writes the final state.
 // Every sum is fp32 in a fixed order (deterministic); the causal performer
 // (running key stabiliser) is not implemented here (can_implement). Carried
 // state (initial_S/z seed the master registers, final_S/z receive them) and
@@ -369,6 +384,12 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const ForwardArgs a = sequence_args<K>(args, sp);
   const int c0 = blockIdx.y * DVB, seq = sp.len;
+  // This block's range of chunks (all of them unless the super-chunk split is on).
+  constexpr int R = K::state_splits;
+  const int r = R > 1 ? (int)blockIdx.z : 0;
+  const int per_range = R > 1 ? ((seq + C - 1) / C + R - 1) / R : 0;
+  const int t_begin = R > 1 ? min(seq, r * per_range * C) : 0;
+  const int t_end = R > 1 ? min(seq, t_begin + per_range * C) : seq;
   const float* params = Tr::head_params(a.params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lm = lane >> 3, lr = lane & 7, g = lane >> 2, t = lane & 3;
@@ -405,10 +426,41 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
     }
   }
 
+  // Super-chunk split (R = K::state_splits > 1): block r walks range r of the
+  // chunks, seeded with the carried state plus the states of ranges 0 .. r-1
+  // (written by mma_state_kernel, chunk tiles, same range bounds), summed in
+  // range order (fixed: deterministic).
+  if (R > 1 && r > 0) {
+    constexpr long long kPart = (long long)D * K::dv + D;
+    const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
+                         (long long)bh * R * kPart;
+    for (int p = 0; p < r; ++p) {
+#pragma unroll
+      for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+        const int f0 = (sm_ + WS.warps_m * i) * 16;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int f = f0 + g + 8 * (q >> 1);
+          if (with_z) zacc[i][q] += parts[p * kPart + (long long)D * K::dv + f];
+        }
+#pragma unroll
+        for (int j = 0; j < WS.n_tiles_per_warp; ++j) {
+          const int n0 = (sn * WS.n_tiles_per_warp + j) * 8;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+            if (c < K::dv) sacc[i][j][q] += parts[p * kPart + (long long)f * K::dv + c];
+          }
+        }
+      }
+    }
+  }
+
   // The feature map's parameters are loaded per phi tile here (L1-resident
   // after the first chunk): kept across the chunk walk next to the master
   // state they would spill on sm_80.
-  for (int t0 = 0; t0 < seq; t0 += C) {
+  for (int t0 = 0; t0 < t_end; t0 += C) {
+    if (t0 < t_begin) continue;  // (from 0, not t_begin: ptxas then keeps the walk spill-free)
     const int valid = min(C, seq - t0);
     // 1a. phi(q) -> phi_h; this thread's largest |S|, |z| (the master state of the chunks before).
     load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
@@ -619,7 +671,9 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
     }
     __syncthreads();
   }
-  // The final state (null pointers: not written); z from the first dv block.
+  // The final state (null pointers: not written), from the last range's
+  // blocks; z from the first dv block.
+  if (blockIdx.z != R - 1) return;
 #pragma unroll
   for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
     const int f0 = (sm_ + WS.warps_m * i) * 16;

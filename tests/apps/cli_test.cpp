@@ -133,7 +133,8 @@ TEST(Cli, EmitIsDeterministicWithASpecHeader) {
   EXPECT_FALSE(first.out.empty());
   EXPECT_EQ(first.out, second.out) << "emit must give byte-identical source";
   EXPECT_TRUE(contains(first.out, "// spec:")) << first.out;
-  EXPECT_TRUE(contains(first.out, "#include \"lunajit/linear_attention.cuh\"")) << first.out;
+  // The default spec is bf16: its forward runs on tensor cores by default.
+  EXPECT_TRUE(contains(first.out, "#include \"lunajit/linear_attention_mma.cuh\"")) << first.out;
 }
 
 TEST(Cli, OutOfRangeFieldExits2NamingFieldAndValue) {

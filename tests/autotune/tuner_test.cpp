@@ -87,7 +87,10 @@ TEST(EffectiveKnobs, PerPassAndCausality) {
   EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(),
             "block_tokens, warps, dv_block, state_splits, phi_backward");
   s.causal = true;
-  EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "warps, dv_block, chunk, mma");
+  // state_splits: the super-chunk split of the tensor-core walk (mma configs only).
+  EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "warps, dv_block, chunk, state_splits, mma");
+  EXPECT_TRUE(effective_knobs(s, Pass::forward).reads_state_splits(TileConfig(64, 4, 64, 64, 2).with_mma(true)));
+  EXPECT_FALSE(effective_knobs(s, Pass::forward).reads_state_splits(TileConfig(64, 4, 64, 64, 2)));
   EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(), "warps, dv_block, chunk, phi_backward");
   AttentionSpec p = default_spec(Family::performer);
   p.causal = true;  // key_stab tiles by block_tokens

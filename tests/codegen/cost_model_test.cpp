@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codegen/cost_model.h"
+#include "codegen/launch_plan.h"
 
 namespace lunajit {
 namespace {
@@ -211,6 +212,43 @@ TEST(CostModelPredict, PassSumsItsKernelsAndUsesTheLaunchPlan) {
   const auto& g = plan.launches[0].grid;
   EXPECT_EQ(p.counts[0].blocks, double(g[0]) * g[1] * g[2]);
   EXPECT_EQ(p.counts[0].threads, int(plan.launches[0].threads));
+}
+
+TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
+  // A causal tensor-core config with state_splits R > 1 runs the per-range
+  // state pass (grid bh x R x dv blocks, chunk tiles) and then R walks per
+  // (bh, dv block), each ceil(ceil(N / C) / R) chunks long; R = 1 and the
+  // scalar kernel keep the single walk.
+  AttentionSpec s = default_spec(Family::luna);
+  s.causal = true;
+  const ProblemShape shape{2, 3, 1000};  // 16 chunks of 64
+  const TileConfig c4 = TileConfig(64, 4, 64, 64, 4).with_mma(true);
+  ASSERT_TRUE(can_implement(s, c4, sm90()));
+  EXPECT_TRUE(causal_super_chunks(s, c4, Pass::forward));
+  EXPECT_EQ(kernel_roles(s, Pass::forward, c4), (std::vector<std::string>{"state", "causal_chunk"}));
+  auto plan = plan_launches(s, c4, Pass::forward, shape).value_or_throw();
+  ASSERT_EQ(plan.launches.size(), 2u);
+  EXPECT_EQ(plan.launches[0].role, "state");
+  EXPECT_EQ(plan.launches[0].grid, (std::array<unsigned, 3>{6, 4, 1}));
+  EXPECT_EQ(plan.launches[1].grid, (std::array<unsigned, 3>{6, 1, 4}));
+  EXPECT_EQ(plan.launches[0].smem_bytes, dynamic_smem_bytes(s, c4, "state"));
+  EXPECT_EQ(plan.workspace_floats, 8 + 6 * 4 * (64 * 64 + 64));
+  auto k4 = kernel_counts(s, c4, Pass::forward, "causal_chunk", shape).value_or_throw();
+  EXPECT_EQ(k4.serial_steps, 4);  // ceil(16 / 4)
+  for (const TileConfig& single : {c4.with_mma(false), TileConfig(64, 4, 64, 64, 1).with_mma(true)}) {
+    SCOPED_TRACE(single.to_string());
+    EXPECT_FALSE(causal_super_chunks(s, single, Pass::forward));
+    auto p1 = plan_launches(s, single, Pass::forward, shape).value_or_throw();
+    ASSERT_EQ(p1.launches.size(), 1u);
+    EXPECT_EQ(p1.launches[0].grid, (std::array<unsigned, 3>{6, 1, 1}));
+    EXPECT_EQ(kernel_counts(s, single, Pass::forward, "causal_chunk", shape).value_or_throw().serial_steps, 16);
+  }
+  // More blocks, a shorter walk: the model predicts the split faster at small B*H.
+  const double t1 = predict_pass(s, TileConfig(64, 4, 64, 64, 1).with_mma(true), Pass::forward, shape, h100(), sm90())
+                        .value_or_throw()
+                        .ms;
+  const double t4 = predict_pass(s, c4, Pass::forward, shape, h100(), sm90()).value_or_throw().ms;
+  EXPECT_LT(t4, t1);
 }
 
 TEST(GpuSpecs, TensorPeaksPerDtype) {

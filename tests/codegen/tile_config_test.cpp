@@ -65,9 +65,14 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
         EXPECT_TRUE(can_implement(s, c, arch).ok()) << to_string(f) << " " << arch.name() << " " << c.to_string();
       }
   }
-  // The default LUNA spec on sm_90 gets the largest tiles.
+  // The default LUNA spec (bf16) on sm_90 gets the largest tiles, on tensor
+  // cores in the forward; fp32 and the backward stay scalar.
   AttentionSpec luna = default_spec(Family::luna);
-  EXPECT_EQ(default_config(luna, arch_from_sm(90).value_or_throw()), TileConfig(64, 4, 64, 64, 4));
+  const Arch sm90 = arch_from_sm(90).value_or_throw();
+  EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 4, 64, 64, 4).with_mma(true));
+  EXPECT_EQ(default_config(luna, sm90, Pass::backward), TileConfig(64, 4, 64, 64, 4));
+  luna.dtype = DType::fp32;
+  EXPECT_FALSE(default_config(luna, sm90).mma());
 }
 
 TEST(TileConfig, AllValidConfigsAreUniqueAndValid) {

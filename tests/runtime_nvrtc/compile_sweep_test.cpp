@@ -184,9 +184,9 @@ TEST(CompileSweepBrokenTemplate, MissingKernelMemberIsCompileFailedWithLogAndDum
   const AttentionSpec spec = default_spec(Family::luna);
   const Arch arch = arch_from_sm(90).value_or_throw();
   KernelSource src = generate(spec, default_config(spec, arch), Pass::forward).value_or_throw();
-  const std::string include = "#include \"lunajit/linear_attention.cuh\"";
+  const std::string include = "#include \"lunajit/linear_attention_mma.cuh\"";  // mma: the bf16 default
   ASSERT_NE(src.code.find(include), std::string::npos);
-  ASSERT_NE(src.code.find("lunajit::state_kernel"), std::string::npos);
+  ASSERT_NE(src.code.find("lunajit::mma_state_kernel"), std::string::npos);
   const auto line = src.code.find("  static constexpr int dv_block = ");
   ASSERT_NE(line, std::string::npos) << src.code;
   src.code.erase(line, src.code.find('\n', line) + 1 - line);

@@ -1,8 +1,8 @@
 // Static evidence for the tensor-core forward (TileConfig::mma): the default
 // LUNA spec's non-causal state and output kernels and its causal chunk kernel,
 // compiled by NVRTC for sm_80 and sm_90, contain mma.sync and ldmatrix and do
-// not spill; the scalar kernels
-// of the default config contain no mma. Prints each kernel's registers, spills
+// not spill (mma is the default of a 16-bit forward); the scalar kernels of
+// the same tiles contain no mma. Prints each kernel's registers, spills
 // and PTX census (mma, ldmatrix, fma, ld.shared, ld.global) for the record.
 // The scalar kernels' spills are not asserted here: every kernel of the
 // default bf16 configs, scalar and mma, forward and backward, is checked for
@@ -51,8 +51,9 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
   AttentionSpec spec = default_spec(Family::luna);
   spec.causal = causal;
   spec.dtype = dtype;
-  const TileConfig scalar = default_config(spec, arch);
-  const TileConfig tc = scalar.with_mma(true);
+  const TileConfig tc = default_config(spec, arch);  // mma by default for bf16/fp16
+  EXPECT_TRUE(tc.mma());
+  const TileConfig scalar = tc.with_mma(false);
   ASSERT_TRUE(can_implement(spec, tc, arch)) << can_implement(spec, tc, arch).error().message;
   NvrtcOptions o;
   o.emit_ptx = true;
