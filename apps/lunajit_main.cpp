@@ -129,7 +129,7 @@ Result<std::vector<CompileRow>> compile_all(const AttentionSpec& spec, const Spe
         CompileRow r{arch.name(), std::string(to_string(pass)), e.role, {}, 0, compiled->compile_seconds,
                      compiled->from_cache};
         if (const KernelResources* res = compiled->find(e.name_expression)) r.res = *res;
-        r.dynamic_smem = dynamic_smem_bytes(spec, *config, e.role);
+        r.dynamic_smem = dynamic_smem_bytes(spec, *config, pass, e.role);
         rows.push_back(r);
       }
     }

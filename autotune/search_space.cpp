@@ -42,7 +42,8 @@ EffectiveKnobs effective_knobs(const AttentionSpec& spec, Pass pass) {
   } else {
     k.block_tokens = true;
     k.state_splits = true;
-    k.mma = pass == Pass::forward && spec.dtype != DType::fp32;
+    // The tensor-core backward: non-causal bf16 (can_implement).
+    k.mma = pass == Pass::forward ? spec.dtype != DType::fp32 : spec.dtype == DType::bf16;
   }
   k.phi_backward = pass == Pass::backward;
   return k;

@@ -13,9 +13,9 @@
 //        in the worst case) and a real bug (a wrong index, a missing mask
 //        term) moves it to 1e-2..1.
 //   fp16/bf16 1e-2: the output is rounded to the I/O dtype; bf16 keeps 8
-//        significant bits (unit roundoff 2^-9 = 2e-3), so rounding alone gives
+//        significant bits (unit roundoff 2^-8 = 3.9e-3), so rounding alone gives
 //        rel_rms ~1e-3; 1e-2 leaves 5x headroom for fp32 differences and
-//        still fails any real bug. fp16 (2^-12) uses the same bound.
+//        still fails any real bug. fp16 (2^-11) uses the same bound.
 #pragma once
 
 #include <cstdint>

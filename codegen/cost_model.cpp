@@ -135,6 +135,7 @@ struct Split {
   double product = 0;     // GEMM-shaped products (shared operands)
   double conflicted = 0;  // of which on the 8-way conflicted causal tiles
   double sfu = 0;         // SFU results
+  double tc_terms = 1;    // tensor cores: mmas per useful product (the backward's bf16 hi/lo split: 2 or 3)
 };
 
 void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F,
@@ -144,7 +145,10 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
   double fm_wave = rows * feature_map_wavefronts_per_token(s, F);
   if (tensor) {
     const double e = dtype_bytes(s.dtype);
-    k.tc_flops = sp.product;
+    // Executed tensor-core FLOPs: a split product runs tc_terms mmas (counted
+    // like the feature map's W split); the extra ones are added to flops.
+    k.tc_flops = sp.product * sp.tc_terms;
+    k.flops += sp.product * (sp.tc_terms - 1);
     if (tc_phi) {
       const TensorCorePhi p = tensor_core_phi(s);
       k.flops += rows * (p.tc_flops - p.gemm_in_F);
@@ -153,7 +157,7 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
     }
     k.tc_dtype = s.dtype;
     k.cuda_flops = k.flops - k.tc_flops;
-    k.smem_wavefronts = fm_wave + sp.product * e * 64 / (2 * 32 * 32) / 128;
+    k.smem_wavefronts = fm_wave + sp.product * sp.tc_terms * e * 64 / (2 * 32 * 32) / 128;
   } else {
     k.tc_flops = 0;
     k.cuda_flops = k.flops;
@@ -191,19 +195,24 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.bytes = BH * N * (d + 2 * dv) * e + 4 * BH * splits * D + partials + params;
     k.flops = BH * splits * splits * D + BH * N * (Fq + den_row + grad_row) + 2 * BH * N * D * dv + 2 * BH * N * D;
     sp.fm = BH * N * Fq;
-    sp.product = BH * N * (den_row + 2 * D * dv + 2 * D);
+    // mma: Phi_q^T [G | r] (three split terms); den on CUDA cores.
+    sp.product = BH * N * ((tensor ? 0 : den_row) + 2 * D * dv + 2 * D);
+    sp.tc_terms = 3;
     sp.sfu = BH * N * (sfu_row + norm * (dv + 1));
   } else if (role == "dq") {
     k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + (learned ? 4 * P * BH * nt : 0);
     k.flops = nt * BH * splits * part + BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
     sp.fm = BH * N * (Fq + Jq);
-    sp.product = BH * N * (den_row + D * (2 * dv + norm));
+    // mma: G S^T (three split terms); den and the rank-one r z^T on CUDA cores.
+    sp.product = BH * N * (tensor ? 2 * D * dv : den_row + D * (2 * dv + norm));
+    sp.tc_terms = 3;
     sp.sfu = BH * N * (3 * sfu_row + norm * (dv + 1));
   } else if (role == "dkv") {
     k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + stab_read + (learned ? 4 * P * BH * nt : 0);
     k.flops = nt * BH * splits * part + BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
     sp.fm = BH * N * (Fk + Jk);
     sp.product = BH * N * 4 * D * dv;
+    sp.tc_terms = 2.5;  // mma: V dS^T two split terms, Phi_k dS three
     sp.sfu = BH * N * 3 * sfu_row;
   } else if (role == "causal_dq" || role == "causal_dkv") {
     const bool dq = role == "causal_dq";
@@ -254,14 +263,19 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // and output products, and the causal chunk's masked strip, inter-chunk and
   // state-update products (not the causal performer, which has no mma kernel);
   // LUNA's feature map too where feature_map_on_tensor_cores says so, every
-  // other feature map stays on CUDA cores. Every backward kernel is scalar.
-  return config.mma() && pass == Pass::forward && spec.dtype != DType::fp32 &&
-         !(spec.causal && spec.family == Family::performer);
+  // other feature map stays on CUDA cores. The backward: the non-causal bf16
+  // one (templates/lunajit/linear_attention_backward_mma.cuh: the state pass
+  // as the forward's, and the dstate, dq and dkv products; the feature map and
+  // its J^T stay on CUDA cores); the causal backward is scalar.
+  if (!config.mma() || spec.dtype == DType::fp32) return false;
+  if (pass == Pass::backward) return !spec.causal && spec.dtype == DType::bf16;
+  return pass == Pass::forward && !(spec.causal && spec.family == Family::performer);
 }
 
 bool feature_map_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
   const LunaOptions& o = spec.luna;
-  return uses_tensor_cores(spec, config, pass) && spec.dtype == DType::bf16 && spec.family == Family::luna &&
+  // The backward's kernels (its state pass included: kSplitPhi) use the fp32 map.
+  return pass == Pass::forward && uses_tensor_cores(spec, config, pass) && spec.dtype == DType::bf16 && spec.family == Family::luna &&
          o.variant == LunaVariant::neural && o.shared_channels && spec.head_dim % 16 == 0 && o.mlp_width % 16 == 0 &&
          o.channels % 8 == 0 && spec.head_dim + 8 <= 2 * spec.feature_dim();
 }
@@ -326,6 +340,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     sp.fm = nd * BH * N * Fk;
     sp.product = k.flops - sp.fm;
     sp.sfu = nd * BH * N * sfu_row;
+    if (pass == Pass::backward) sp.tc_terms = 2;  // mma: phi split into bf16 hi + lo (kSplitPhi)
   } else if (role == "output") {
     const double nt = ceil_div(N, c.block_tokens());
     k.bytes = BH * N * (d + dv) * e + partials + params;

@@ -43,8 +43,14 @@
 //   former model). FLOPs are executed on CUDA cores (cuda_flops) unless the
 //   kernel computes its GEMM-shaped products on tensor cores
 //   (uses_tensor_cores: TileConfig::mma, the non-causal forward's state and
-//   output kernels and the causal chunk kernel): those products move to
-//   tc_flops, phi and the rest stay.
+//   output kernels, the causal chunk kernel, and the non-causal bf16
+//   backward's state, dstate (Phi_q^T [G | r]), dq (G S^T) and dkv (V dS^T,
+//   Phi_k dS) kernels): those products move to tc_flops, phi, its J^T, the
+//   denominators and the rest stay. The backward splits its operands into
+//   bf16 hi + lo (docs/MATH.md "Tensor-core backward"): tc_flops count every
+//   executed mma, 2 per product in the state pass, 3 in dstate and dq, 2 (V
+//   dS^T) and 3 (Phi_k dS) in dkv, the extra ones added to flops, and the
+//   operand wavefronts below scale the same way.
 //
 //   Shared-memory (L1 datapath) wavefronts, layout formulas for the kernels as
 //   written (the PTX review of issue 11; the emulator's banks sanitizer, `lunajit
@@ -230,15 +236,17 @@ struct KernelCounts {
 // Whether the config's kernels compute their GEMM-shaped products on tensor
 // cores: TileConfig::mma on the forward of a bf16/fp16 spec (the non-causal
 // state and output kernels, the causal chunk kernel; never the causal
-// performer); false for every backward kernel.
+// performer) and on the non-causal backward of a bf16 spec (state, dstate,
+// dq, dkv); false for the causal backward.
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // Whether those kernels also compute phi on tensor cores: LUNA's neural map
 // with shared channels on a bf16 spec, d and Hm multiples of 16, L a multiple
 // of 8, d + 8 <= 2 D (MmaPhiSupport in templates/lunajit/feature_map_mma.cuh;
 // tests/runtime_nvrtc/mma_forward_compile_test.cpp checks that the two agree).
-// Only the state, output and causal_chunk kernels; never the standalone
-// feature-map pass or the backward.
+// Only the forward's state, output and causal_chunk kernels; never the
+// standalone feature-map pass or the backward (whose kernels need phi in fp32
+// for the Jacobian-transpose and the hi + lo split).
 bool feature_map_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // FLOPs of phi for one token of one head (the conventions above), for a query

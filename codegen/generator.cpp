@@ -32,14 +32,21 @@ std::string_view pass_summary(const AttentionSpec& s, Pass p) {
   return "";
 }
 
-// The tensor-core variants (config.mma(), forward) of the state, output and
-// causal_chunk roles: templates/lunajit/linear_attention_mma.cuh.
-bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p == Pass::forward; }
+// The tensor-core variants (config.mma()) of the forward's state, output and
+// causal_chunk roles (templates/lunajit/linear_attention_mma.cuh) and of the
+// non-causal backward's state, dstate, dq and dkv roles
+// (templates/lunajit/linear_attention_backward_mma.cuh).
+bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p != Pass::feature_map; }
+
+bool mma_role(Pass p, std::string_view role) {
+  if (p == Pass::forward) return role == "state" || role == "output" || role == "causal_chunk";
+  return role == "state" || role == "dstate" || role == "dq" || role == "dkv";
+}
 
 std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c, Pass p) {
   std::vector<KernelEntry> e;
   for (const std::string& role : kernel_roles(s, p, c)) {
-    const bool mma = uses_mma(c, p) && (role == "state" || role == "output" || role == "causal_chunk");
+    const bool mma = uses_mma(c, p) && mma_role(p, role);
     e.push_back({role, fmt::format("lunajit::{}{}<lunajit_gen::Kernel>", mma ? "mma_" : "", kernel_template(p, role))});
   }
   return e;
@@ -54,6 +61,10 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
     return Error::invalid(fmt::format("config {}: mma = true needs a bf16 or fp16 spec other than the causal "
                                       "performer (the fp32 forward and the causal performer's running key "
                                       "stabiliser have no tensor-core kernels)",
+                                      config.to_string()));
+  if (config.mma() && pass == Pass::backward && (spec.dtype != DType::bf16 || spec.causal))
+    return Error::invalid(fmt::format("config {}: mma = true in the backward needs a non-causal bf16 spec (the "
+                                      "causal, fp16 and fp32 backwards have no tensor-core kernels)",
                                       config.to_string()));
 
   const std::string hash = spec_hash(spec);
@@ -73,7 +84,8 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
   c += fmt::format("// config: {} {}\n", config.to_string(), config.to_json().dump());
   c += "// kernels (NVRTC name expressions):\n";
   for (const auto& e : src.entries) c += fmt::format("//   {:<13} {}\n", e.role, e.name_expression);
-  c += pass == Pass::backward ? "\n#include \"lunajit/linear_attention_backward.cuh\"\n"
+  c += pass == Pass::backward ? (uses_mma(config, pass) ? "\n#include \"lunajit/linear_attention_backward_mma.cuh\"\n"
+                                                         : "\n#include \"lunajit/linear_attention_backward.cuh\"\n")
          : uses_mma(config, pass) ? "\n#include \"lunajit/linear_attention_mma.cuh\"\n"
                                   : "\n#include \"lunajit/linear_attention.cuh\"\n";
   c += "\nnamespace lunajit_gen {\n\n";

@@ -125,7 +125,13 @@ int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileC
   return 4 * w.total;
 }
 
-int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::string_view role) {
+int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass pass, std::string_view role) {
+  // The tensor-core backward (non-causal; can_implement): the scalar tiles plus 16-bit operand tiles.
+  if (c.mma() && !spec.causal) {
+    if (role == "dstate") return backward_mma_smem_layout(BackwardKind::dstate, backward_dims(spec, c)).bytes();
+    if (role == "dq") return backward_mma_smem_layout(BackwardKind::dq, backward_dims(spec, c)).bytes();
+    if (role == "dkv") return backward_mma_smem_layout(BackwardKind::dkv, backward_dims(spec, c)).bytes();
+  }
   if (role == "dstate") return backward_smem_layout(BackwardKind::dstate, backward_dims(spec, c)).bytes();
   if (role == "dq") return backward_smem_layout(BackwardKind::dq, backward_dims(spec, c)).bytes();
   if (role == "dkv") return backward_smem_layout(BackwardKind::dkv, backward_dims(spec, c)).bytes();
@@ -138,11 +144,13 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, std::
   };
   if (role == "feature_map") return smem_layout(KernelKind::feature_map, dims(c.block_tokens())).bytes();
   if (role == "key_stab") return smem_layout(KernelKind::key_stab, dims(c.block_tokens())).bytes();
-  // mma: the tensor-core state/output/causal_chunk kernels (forward only;
-  // can_implement rejects mma for the backward, whose "state" role stays scalar).
+  // mma: the tensor-core state/output/causal_chunk kernels (the backward's
+  // "state" role with mma is the same mma_state_block).
   // The causal walk's per-range state pass tiles by chunk (super-chunk split).
   if (role == "state" && c.mma())
-    return mma_smem_layout(KernelKind::state, dims(spec.causal ? c.chunk() : c.block_tokens())).bytes();
+    return mma_smem_layout(KernelKind::state, dims(spec.causal ? c.chunk() : c.block_tokens()),
+                           /*split_phi=*/pass == Pass::backward)
+        .bytes();
   if (role == "output" && c.mma()) return mma_smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
   if (role == "state") return smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();
   if (role == "output") return smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
@@ -159,7 +167,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
   const bool performer = spec.family == Family::performer;
   LaunchPlan plan;
   auto add = [&](std::string role, std::array<unsigned, 3> grid) {
-    const int64_t smem = dynamic_smem_bytes(spec, c, role);
+    const int64_t smem = dynamic_smem_bytes(spec, c, pass, role);
     plan.launches.push_back({std::move(role), grid, static_cast<unsigned>(c.threads()), smem});
   };
   switch (pass) {

@@ -58,8 +58,10 @@ std::string kernel_template(Pass pass, std::string_view role);
 // Whether any parameter tensor of the spec's family is learned (has a gradient).
 bool has_learned_params(const AttentionSpec& spec);
 
-// Dynamic shared memory of the kernel with `role` (0 for an unknown role).
-int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& config, std::string_view role);
+// Dynamic shared memory of the kernel with `role` of `pass` (0 for an unknown
+// role); the pass matters for "state" with mma: the backward's state pass also
+// stages phi's bf16 low halves.
+int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& config, Pass pass, std::string_view role);
 
 // Bytes of global memory the backward needs per (batch, head) beyond q, k, v,
 // o, dout and the gradients themselves (its workspace), for a sequence of `seq`.

@@ -29,14 +29,55 @@ std::string list(const int (&choices)[N]) {
 }
 
 
+// The tensor-core backward (templates/lunajit/linear_attention_backward_mma.cuh):
+// non-causal bf16 specs; its kernels work over the whole dv (dstate, dq, dkv)
+// and over dv_block (the state pass, the forward's mma_state_block).
+Status can_implement_mma_backward(const AttentionSpec& spec, const TileConfig& c) {
+  const std::string name = c.to_string();
+  if (spec.causal)
+    return Error::invalid(fmt::format("{}: mma = true: the causal backward has no tensor-core kernels yet (only "
+                                      "the non-causal one); use mma = false",
+                                      name));
+  if (spec.dtype != DType::bf16)
+    return Error::invalid(fmt::format("{}: mma = true: the backward runs on tensor cores for dtype bf16 only "
+                                      "(fp32 keeps the exact path; fp16's range cannot hold g = dO / den unscaled); "
+                                      "dtype = {}; use mma = false",
+                                      name, to_string(spec.dtype)));
+  const int D = spec.feature_dim(), dv = spec.value_dim, tokens = c.block_tokens();
+  if (D % 16 != 0 || dv % 16 != 0 || c.dv_block() % 16 != 0 || tokens % 16 != 0)
+    return Error::invalid(fmt::format("{}: mma = true (backward) needs the feature dim D, value_dim, dv_block and "
+                                      "block_tokens multiples of 16; D = {}, value_dim = {}, dv_block = {}, "
+                                      "block_tokens = {}",
+                                      name, D, dv, c.dv_block(), tokens));
+  struct Product {
+    const char* kernel;
+    KernelKind kind;
+    int n;
+  };
+  for (const Product& p : {Product{"state", KernelKind::state, c.dv_block()}, Product{"dstate", KernelKind::state, dv},
+                           Product{"dq/dkv (dphi)", KernelKind::output, D}, Product{"dkv (dv)", KernelKind::output, dv}}) {
+    const MmaWarpTiling w = mma_warp_tiling(p.kind, D, p.n, tokens, c.warps());
+    if (!w.fits)
+      return Error::invalid(fmt::format("{}: mma = true: {} warps do not tile the {} kernel's {} x {} product "
+                                        "(16 x 8 tiles)",
+                                        name, c.warps(), p.kernel, p.kind == KernelKind::state ? D : tokens, p.n));
+    if (w.accumulators > kMaxMmaAccumulatorsPerThread)
+      return Error::invalid(fmt::format("{}: mma = true: the {} kernel would hold {} fp32 accumulators per thread; "
+                                        "at most {} fit in registers (use more warps)",
+                                        name, p.kernel, w.accumulators, kMaxMmaAccumulatorsPerThread));
+  }
+  return ok_status();
+}
+
 // The tensor-core kernels (templates/lunajit/linear_attention_mma.cuh): which
 // specs and tile shapes they implement.
 Status can_implement_mma(const AttentionSpec& spec, const TileConfig& c, Pass pass) {
   const std::string name = c.to_string();
-  if (pass != Pass::forward)
-    return Error::invalid(fmt::format("{}: mma = true: the {} pass has no tensor-core kernels yet (only the "
-                                      "forward); use mma = false",
-                                      name, to_string(pass)));
+  if (pass == Pass::feature_map)
+    return Error::invalid(fmt::format("{}: mma = true: the feature_map pass has no tensor-core kernel; use "
+                                      "mma = false",
+                                      name));
+  if (pass == Pass::backward) return can_implement_mma_backward(spec, c);
   if (spec.causal && spec.family == Family::performer)
     return Error::invalid(fmt::format("{}: mma = true: the causal performer (running key stabiliser, "
                                       "docs/MATH.md §2) has no tensor-core kernel; use mma = false",
@@ -215,7 +256,7 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
   }
   const long long limit = arch.max_smem_per_block;
   for (const std::string& role : kernel_roles(spec, pass, c)) {
-    const int64_t bytes = dynamic_smem_bytes(spec, c, role);
+    const int64_t bytes = dynamic_smem_bytes(spec, c, pass, role);
     if (bytes > limit)
       return Error::invalid(fmt::format("{}: the {} kernel needs {} bytes of shared memory; {} allows {}",
                                         c.to_string(), role, bytes, arch.name(), limit));
@@ -254,10 +295,12 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
         for (int warps : {4, 8, 2, 1}) {
           TileConfig c(tokens, warps, dvb, chunk, 4);
           if (!can_implement(spec, c, arch, pass)) continue;
-          // The forward of a bf16/fp16 spec runs on tensor cores by default
-          // (the same tiles with mma on, where the mma kernels implement them);
-          // fp32 specs and every backward keep the scalar kernels.
-          if (pass == Pass::forward && spec.dtype != DType::fp32 && can_implement(spec, c.with_mma(true), arch, pass))
+          // The forward of a bf16/fp16 spec and the non-causal backward of a
+          // bf16 spec run on tensor cores by default (the same tiles with mma
+          // on, where the mma kernels implement them); fp32 specs, the fp16
+          // backward and the causal backward keep the scalar kernels.
+          if (pass != Pass::feature_map && spec.dtype != DType::fp32 &&
+              can_implement(spec, c.with_mma(true), arch, pass))
             return c.with_mma(true);
           return c;
         }

@@ -17,7 +17,7 @@
 //   1. the projection U = X W^T (16 x M) on mma: A = X from a padded bf16 copy
 //      of the x tile (exact: x is a bf16 tensor) by ldmatrix.x4, B = W^T from
 //      registers as W = W_hi + W_lo, both bf16 (W_lo = bf16(W - W_hi)): two mmas
-//      per k-step give W to 2^-18 relative (u fp32-like), because the
+//      per k-step give W to 2^-16 relative (u fp32-like), because the
 //      nonlinearity downstream amplifies an error in u by |W1|;
 //   2. per projection p: the hidden layer H (16 x Hm), H[r][j] = act(W1_j
 //      u[r][p] + b1_j), is built directly in A-fragment registers (lane (g, t)
@@ -29,7 +29,7 @@
 //      each 8-channel n-tile) is exactly the fragment of phi's columns p L + l,
 //      so the epilogue (output activation, gate h(x)/sqrt(M)) writes whole
 //      bf16x2 words of phi_h, conflict-free (row stride 4 mod 8 words).
-// Rounding: x exact; W to 2^-18; H and W2 once each to bf16 (2^-9); every
+// Rounding: x exact; W to 2^-16; H and W2 once each to bf16 (2^-8); every
 // product exact in fp32, every sum fp32 in k order; phi once to bf16 (as the
 // fp32 path rounds it). fp16 specs keep the fp32 feature map: their parameters
 // and hidden activations could leave fp16's range, bf16 has fp32's.
@@ -78,6 +78,23 @@ LUNAJIT_DEVICE void round_rows(const float* src, unsigned* dst, int valid, int r
       packed = pack2<T>(v.x, v.y);
     }
     dst[(r * P + f) / 2] = packed;
+  }
+}
+
+// fp32 rows (rows_alloc, COLS) -> bf16 hi and lo tiles (rows_alloc, P), x ~=
+// hi + lo to 2^-16 relative (split_bf16x2); rows >= valid become 0.
+template <int NT, int COLS, int P>
+LUNAJIT_DEVICE void split_rows(const float* src, unsigned* hi, unsigned* lo, int valid, int rows_alloc) {
+  constexpr int kPairs = COLS / 2;
+  for (int e = threadIdx.x; e < rows_alloc * kPairs; e += NT) {
+    const int r = e / kPairs, f = 2 * (e - r * kPairs);
+    unsigned h = 0u, l = 0u;
+    if (r < valid) {
+      const float2 v = load_pair(src + r * COLS + f);
+      split_bf16x2(v.x, v.y, h, l);
+    }
+    hi[(r * P + f) / 2] = h;
+    lo[(r * P + f) / 2] = l;
   }
 }
 

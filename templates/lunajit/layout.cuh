@@ -150,13 +150,14 @@ inline constexpr int kMaxStateEntriesPerThread = 128;
 struct MmaSmemLayout {
   int state, z, x, phi, scratch, phi_h, v_h, s_h, z_h, reduce, total;  // floats
   int phi_k_h = 0;                                                     // causal_chunk only
+  int phi_lo = 0;  // state with split_phi (the backward's state pass): phi's bf16 low halves (tokens, D + 8)
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
 
 LUNAJIT_HOST_DEVICE constexpr int mma_row_halves(int cols) { return cols + 8; }
 
-LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p) {
-  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p, bool split_phi = false) {
+  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   int off = 0;
   if (kind == KernelKind::causal_chunk) {
     l.x = off;       off = align4(off + p.tokens * p.d);
@@ -182,6 +183,9 @@ LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, Lay
   l.phi_h = off;   off = align4(off + (p.tokens * mma_row_halves(p.D) + 1) / 2);
   if (!output) {
     l.v_h = off;   off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
+    if (split_phi) {
+      l.phi_lo = off; off = align4(off + (p.tokens * mma_row_halves(p.D) + 1) / 2);
+    }
   } else {
     l.s_h = off;   off = align4(off + (p.D * mma_row_halves(p.dv_block) + 1) / 2);
     l.z_h = off;   off = align4(off + (p.D + 1) / 2);
@@ -290,6 +294,42 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   l.kmax = off;     off = align4(off + (running ? t : 0));
   l.qsum = off;     off = align4(off + (running ? t : 0));
   l.vsum = off;     off = align4(off + (running ? p.dv : 0));
+  l.total = off;
+  return l;
+}
+
+// The tensor-core backward (templates/lunajit/linear_attention_backward_mma.cuh,
+// non-causal, bf16): the scalar kernel's tiles (which keep the fp32 feature map
+// and its backward) followed by 16-bit operand tiles, rows padded by 8 elements
+// as the forward's (conflict-free ldmatrix):
+// Every operand but V is staged as a bf16 pair hi + lo (_h, _lo tiles):
+//   dstate: phi_h, phi_lo (t, D + 8) = phi(q), a_h, a_lo (t, dv + 8) = g,
+//           r_h, r_lo (t) = r
+//   dq:     a_h, a_lo = g, s_h, s_lo (D, dv + 8) = 2^-a S, reduce (one float per warp)
+//   dkv:    phi_h, phi_lo = phi(k), a_h = v (exact), s_h, s_lo = 2^-a dS, reduce
+struct BackwardMmaSmem {
+  BackwardSmem base;
+  int phi_h, phi_lo, a_h, a_lo, s_h, s_lo, r_h, r_lo, reduce, total;  // floats
+  LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
+};
+
+LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardKind kind, BackwardDims p) {
+  BackwardMmaSmem l{backward_smem_layout(kind, p), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const int t = p.tokens;
+  const bool phi = kind == BackwardKind::dstate || kind == BackwardKind::dkv;
+  const bool state = kind == BackwardKind::dq || kind == BackwardKind::dkv;
+  const bool g = kind == BackwardKind::dstate || kind == BackwardKind::dq;
+  const bool r = kind == BackwardKind::dstate;
+  int off = l.base.total;
+  l.phi_h = off;  off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
+  l.phi_lo = off; off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
+  l.a_h = off;    off = align4(off + (t * mma_row_halves(p.dv) + 1) / 2);
+  l.a_lo = off;   off = align4(off + (g ? (t * mma_row_halves(p.dv) + 1) / 2 : 0));
+  l.s_h = off;    off = align4(off + (state ? (p.D * mma_row_halves(p.dv) + 1) / 2 : 0));
+  l.s_lo = off;   off = align4(off + (state ? (p.D * mma_row_halves(p.dv) + 1) / 2 : 0));
+  l.r_h = off;    off = align4(off + (r ? (t + 1) / 2 : 0));
+  l.r_lo = off;   off = align4(off + (r ? (t + 1) / 2 : 0));
+  l.reduce = off; off = align4(off + (state ? p.threads / 32 : 0));
   l.total = off;
   return l;
 }

@@ -26,7 +26,7 @@
 // scales and takes one reciprocal per row.
 //
 // Numerics (docs/MATH.md "Tensor-core forward"): phi(k), phi(q) and the
-// reduced S, z are each rounded once to bf16/fp16 (relative 2^-9 / 2^-12);
+// reduced S, z are each rounded once to bf16/fp16 (relative 2^-8 / 2^-11);
 // every product is exact in fp32 and every sum is fp32.
 #pragma once
 
@@ -75,6 +75,70 @@ LUNAJIT_DEVICE void b_tiles(float (*acc)[4], const unsigned (&a)[4], const T* b,
   }
 }
 
+// The z column's B fragment of the state products: every column of that
+// n-tile holds one value per token k (the forward's ones; the backward's r).
+struct OnesColumn {
+  unsigned ones;  // pack2(1, 1)
+  LUNAJIT_DEVICE unsigned operator()(int) const { return ones; }
+};
+struct WordsColumn {
+  const unsigned* words;  // (tokens / 2) packed 16-bit pairs, token k in word k / 2
+  LUNAJIT_DEVICE unsigned operator()(int k) const { return words[k / 2]; }
+};
+
+// The state products of one token tile of Tk rows, S_aug += Phi^T [B | col]
+// (m-tiles over the D features, n-tiles over B's columns): A = Phi^T by
+// ldmatrix.x4.trans from the token-major phi_h (row stride PD), B from the
+// token-major b_h (row stride PB, the warp's columns), the extra column's
+// fragment from zcol (tokens k0 + 2t, k0 + 2t + 8: b0, b1). Used by the
+// forward state pass ([V | 1]) and the backward's dstate ([G | r]).
+template <class T, int WM, int MPW, int NPW, int Tk, int PD, int PB, class ZCol>
+LUNAJIT_DEVICE void state_tile_products(float (*acc)[NPW][4], float (*zacc)[4], const T* phi_h, const T* b_h,
+                                        int wm, int wn, bool with_z, int lane, const ZCol& zcol) {
+  const int lm = lane >> 3, lr = lane & 7, t = lane & 3;
+  for (int k0 = 0; k0 < Tk; k0 += 16) {
+#pragma unroll
+    for (int i = 0; i < MPW; ++i) {
+      const int f0 = (wm + WM * i) * 16;
+      // A = Phi^T (features x tokens): matrix m holds features f0 + 8(m&1),
+      // tokens k0 + 8(m>>1); stored transposed (token rows) -> .trans.
+      unsigned a[4];
+      mma::ldmatrix<4, true>(a, phi_h + (k0 + 8 * (lm >> 1) + lr) * PD + f0 + 8 * (lm & 1));
+      b_tiles<T, NPW, PB>(acc[i], a, b_h + k0 * PB + wn * NPW * 8, lm, lr);
+      if (with_z) {
+        const unsigned bz[2] = {zcol(k0 + 2 * t), zcol(k0 + 2 * t + 8)};
+        mma::mma_m16n8k16<T>(zacc[i], a, bz, zacc[i]);
+      }
+    }
+  }
+}
+
+// Writes a warp's state accumulators as an fp32 partial [D * ld | D]: S at
+// (f, c0 + column) for columns < ld, and z (every column of the z tile holds
+// it; lanes t == 0 write column 0).
+template <int WM, int MPW, int NPW>
+LUNAJIT_DEVICE void write_state_partial(const float (*acc)[NPW][4], const float (*zacc)[4], float* part, int D,
+                                        int ld, int c0, int wm, int wn, bool with_z, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < MPW; ++i) {
+    const int f0 = (wm + WM * i) * 16;
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) {
+      const int n0 = (wn * NPW + j) * 8;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+        if (c < ld) part[(long long)f * ld + c] = acc[i][j][q];
+      }
+    }
+    if (with_z && t == 0) {
+      part[(long long)D * ld + f0 + g] = zacc[i][0];
+      part[(long long)D * ld + f0 + g + 8] = zacc[i][2];
+    }
+  }
+}
+
 // 2^-floor(log2 m) for a finite m > 0 (so m * scale lies in [1, 2)), else 1;
 // exponents clamped so that both the scale and its inverse are normal floats.
 LUNAJIT_DEVICE float pow2_scale(float m) {
@@ -88,8 +152,11 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
 
 // Tk: the token tile, K::block_tokens for the non-causal state pass, K::chunk
 // for the per-range states of the causal walk's super-chunk split (ranges
-// then start on chunk boundaries).
-template <class K, int Tk = K::block_tokens>
+// then start on chunk boundaries). kSplitPhi (the backward's state pass,
+// bf16): phi from the fp32 map split into bf16 hi + lo tiles and both
+// products summed, S = Phi_hi^T V + Phi_lo^T V, so that S is accurate to
+// 2^-16 relative instead of 2^-8 (docs/MATH.md "Tensor-core backward").
+template <class K, int Tk = K::block_tokens, bool kSplitPhi = false>
 LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
                                     const float* all_params, float key_stab, float* parts_base) {
   using Tr = KernelTraits<K>;
@@ -101,9 +168,11 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   static_assert(D % 16 == 0 && DVB % 16 == 0 && Tk % 16 == 0,
                 "mma kernels need D, dv_block and the token tile multiples of 16 (can_implement)");
   static_assert(W.fits, "warps do not tile the mma state product (can_implement)");
-  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk));
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk), kSplitPhi);
+  static_assert(!kSplitPhi || mma::IsSame<T, __nv_bfloat16>::value, "the hi + lo split is of bf16");
   float* smem = reinterpret_cast<float*>(dynamic_smem());
   const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);  // (Tk, PD)
+  const T* phi_lo = reinterpret_cast<const T*>(smem + L.phi_lo);  // (Tk, PD), kSplitPhi
   const T* v_h = reinterpret_cast<const T*>(smem + L.v_h);      // (Tk, PV)
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
@@ -114,8 +183,6 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
   const bool with_z = wn == 0 && blockIdx.z == 0;  // warp-uniform
-  // ldmatrix row of this lane: matrix lane>>3, row lane&7.
-  const int lm = lane >> 3, lr = lane & 7;
   const unsigned ones = mma_detail::pack2<T>(1.0f, 1.0f);
 
   float acc[W.m_tiles_per_warp][W.n_tiles_per_warp][4];
@@ -147,47 +214,27 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
       v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
     }
     __syncthreads();
-    phi_map.template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch, reinterpret_cast<unsigned*>(smem + L.phi_h),
-                              valid, Tk, FeatureContext{params, t0, seq, 0, key_stab});
-    __syncthreads();
-    for (int k0 = 0; k0 < Tk; k0 += 16) {
-#pragma unroll
-      for (int i = 0; i < W.m_tiles_per_warp; ++i) {
-        const int f0 = (wm + W.warps_m * i) * 16;
-        // A = Phi^T (features x tokens): matrix m holds features f0 + 8(m&1),
-        // tokens k0 + 8(m>>1); stored transposed (token rows) -> .trans.
-        unsigned a[4];
-        mma::ldmatrix<4, true>(a, phi_h + (k0 + 8 * (lm >> 1) + lr) * PD + f0 + 8 * (lm & 1));
-        mma_detail::b_tiles<T, W.n_tiles_per_warp, PV>(acc[i], a, v_h + k0 * PV + wn * W.n_tiles_per_warp * 8, lm,
-                                                        lr);
-        if (with_z) {
-          const unsigned bz[2] = {ones, ones};
-          mma::mma_m16n8k16<T>(zacc[i], a, bz, zacc[i]);
-        }
-      }
+    const FeatureContext ctx{params, t0, seq, 0, key_stab};
+    if constexpr (kSplitPhi) {
+      K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid, ctx);
+      __syncthreads();
+      mma_detail::split_rows<NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h),
+                                        reinterpret_cast<unsigned*>(smem + L.phi_lo), valid, Tk);
+    } else {
+      phi_map.template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch,
+                                reinterpret_cast<unsigned*>(smem + L.phi_h), valid, Tk, ctx);
     }
+    __syncthreads();
+    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+        acc, zacc, phi_h, v_h, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
+    if constexpr (kSplitPhi)
+      mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+          acc, zacc, phi_lo, v_h, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
     __syncthreads();
   }
   float* part = parts_base + ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
-    const int f0 = (wm + W.warps_m * i) * 16;
-#pragma unroll
-    for (int j = 0; j < W.n_tiles_per_warp; ++j) {
-      const int n0 = (wn * W.n_tiles_per_warp + j) * 8;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
-        if (c < K::dv) part[(long long)f * K::dv + c] = acc[i][j][q];
-      }
-    }
-    // Every column of the ones tile is z; lanes t == 0 write column 0.
-    if (with_z && t == 0) {
-      part[(long long)D * K::dv + f0 + g] = zacc[i][0];
-      part[(long long)D * K::dv + f0 + g + 8] = zacc[i][2];
-    }
-  }
+  mma_detail::write_state_partial<W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp>(acc, zacc, part, D, K::dv, c0, wm,
+                                                                                   wn, with_z, lane);
 }
 
 template <class K>

@@ -4,6 +4,8 @@
 // 494.7, 1980 MHz), and the new counts (wavefronts, SFU ops, serial steps) of
 // the default LUNA spec by hand. The byte and FLOP counts themselves are
 // checked by hand in tests/report/report_test.cpp (CostModel.*).
+#include <tuple>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -169,18 +171,45 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
     change(v);
     EXPECT_FALSE(feature_map_on_tensor_cores(v, c, Pass::forward)) << to_json(v).dump();
   }
-  // Only the forward of a 16-bit spec has mma kernels, causal or not, except
-  // the causal performer (its running stabiliser has no mma kernel).
+  // The forward of a 16-bit spec has mma kernels, causal or not, except the
+  // causal performer (its running stabiliser has no mma kernel); so does the
+  // non-causal bf16 backward, not the causal or fp16 one.
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
-  EXPECT_FALSE(uses_tensor_cores(s, c, Pass::backward));
-  AttentionSpec causal = s, fp32 = s, causal_performer = default_spec(Family::performer);
+  EXPECT_TRUE(uses_tensor_cores(s, c, Pass::backward));
+  AttentionSpec causal = s, fp32 = s, fp16 = s, causal_performer = default_spec(Family::performer);
   causal.causal = true;
   causal_performer.causal = true;
   fp32.dtype = DType::fp32;
+  fp16.dtype = DType::fp16;
+  EXPECT_FALSE(uses_tensor_cores(causal, c, Pass::backward));
+  EXPECT_FALSE(uses_tensor_cores(fp16, c, Pass::backward));
   EXPECT_TRUE(uses_tensor_cores(causal, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(causal_performer, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(s, c.with_mma(false), Pass::forward));
+}
+
+// The tensor-core backward splits its operands into bf16 hi + lo: tc_flops
+// count every executed mma (dstate and dq 3 per product, the state pass 2, dkv
+// 2 + 3 over its two equal products), the extra FLOPs are added, the rest stays
+// on CUDA cores, and the scalar config has none.
+TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
+  const AttentionSpec s = default_spec(Family::luna);  // bf16, D = dv = 64
+  const TileConfig c = TileConfig(64, 4, 64, 64, 1).with_mma(true);
+  const ProblemShape shape{1, 1, 64};
+  const double N = 64, D = 64, dv = 64;
+  for (auto [role, gemm, terms] : {std::tuple{"dstate", N * (2 * D * dv + 2 * D), 3.0},
+                                   std::tuple{"dq", N * 2 * D * dv, 3.0}, std::tuple{"dkv", N * 4 * D * dv, 2.5},
+                                   std::tuple{"state", N * (2 * D * dv + D), 2.0}}) {
+    SCOPED_TRACE(role);
+    const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
+    const auto scalar = kernel_counts(s, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm);
+    EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
+    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm);
+    EXPECT_EQ(scalar.tc_flops, 0);
+    EXPECT_LT(k.smem_wavefronts, scalar.smem_wavefronts);
+  }
 }
 
 TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {
@@ -231,7 +260,7 @@ TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
   EXPECT_EQ(plan.launches[0].role, "state");
   EXPECT_EQ(plan.launches[0].grid, (std::array<unsigned, 3>{6, 4, 1}));
   EXPECT_EQ(plan.launches[1].grid, (std::array<unsigned, 3>{6, 1, 4}));
-  EXPECT_EQ(plan.launches[0].smem_bytes, dynamic_smem_bytes(s, c4, "state"));
+  EXPECT_EQ(plan.launches[0].smem_bytes, dynamic_smem_bytes(s, c4, Pass::forward, "state"));
   EXPECT_EQ(plan.workspace_floats, 8 + 6 * 4 * (64 * 64 + 64));
   auto k4 = kernel_counts(s, c4, Pass::forward, "causal_chunk", shape).value_or_throw();
   EXPECT_EQ(k4.serial_steps, 4);  // ceil(16 / 4)

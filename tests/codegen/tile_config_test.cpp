@@ -66,13 +66,18 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
       }
   }
   // The default LUNA spec (bf16) on sm_90 gets the largest tiles, on tensor
-  // cores in the forward; fp32 and the backward stay scalar.
+  // cores in the forward and the non-causal backward; fp32 and the causal
+  // backward stay scalar.
   AttentionSpec luna = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();
   EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 4, 64, 64, 4).with_mma(true));
-  EXPECT_EQ(default_config(luna, sm90, Pass::backward), TileConfig(64, 4, 64, 64, 4));
+  EXPECT_EQ(default_config(luna, sm90, Pass::backward), TileConfig(64, 4, 64, 64, 4).with_mma(true));
+  AttentionSpec causal = luna;
+  causal.causal = true;
+  EXPECT_FALSE(default_config(causal, sm90, Pass::backward).mma());
   luna.dtype = DType::fp32;
   EXPECT_FALSE(default_config(luna, sm90).mma());
+  EXPECT_FALSE(default_config(luna, sm90, Pass::backward).mma());
 }
 
 TEST(TileConfig, AllValidConfigsAreUniqueAndValid) {

@@ -56,7 +56,7 @@ TEST_P(DefaultKernelsNvrtc, NoKernelSpills) {
       ASSERT_NE(res, nullptr) << e.role << "\nlog:\n" << r->log;
       std::printf("sm_%d %-10s %-11s %-30s %-13s regs %3d smem %6lld spill st/ld %d/%d stack %d\n", sm,
                   causal ? "causal" : "non-causal", v.name, config.to_string().c_str(), e.role.c_str(),
-                  res->registers, static_cast<long long>(dynamic_smem_bytes(spec, config, e.role)),
+                  res->registers, static_cast<long long>(dynamic_smem_bytes(spec, config, v.pass, e.role)),
                   res->spill_stores, res->spill_loads, res->stack_bytes);
       EXPECT_GT(res->registers, 0) << e.role;
       EXPECT_EQ(res->spill_stores, 0) << e.role << " (" << e.name_expression << ")";

@@ -67,7 +67,7 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
       const Census c = census(entry_text(r->ptx, res.lowered_name));
       int64_t dyn_smem = -1;  // dynamic shared memory of the entry's role (launch_plan)
       for (const KernelEntry& e : src.entries)
-        if (e.name_expression == res.name_expression) dyn_smem = dynamic_smem_bytes(spec, config, e.role);
+        if (e.name_expression == res.name_expression) dyn_smem = dynamic_smem_bytes(spec, config, Pass::forward, e.role);
       std::printf("sm_%d %s %-10s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma %4d ld.shared %4d "
                   "ld.global %3d\n",
                   sm, std::string(to_string(dtype)).c_str(), causal ? "causal" : "non-causal",
@@ -92,6 +92,50 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
                                                      : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
       EXPECT_NE(r->ptx.find(instr), std::string::npos) << instr;
     }
+  }
+}
+
+// The tensor-core backward (non-causal bf16, TileConfig::mma): for the default
+// LUNA spec's backward tiles with mma on, the state, dstate, dq and dkv
+// kernels contain mma.sync and ldmatrix and nothing spills on sm_80 and sm_90;
+// param_reduce (a fixed-order sum, not GEMM-shaped) has no mma.
+TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
+  for (int sm : {80, 90}) {
+    const Arch arch = arch_from_sm(sm).value_or_throw();
+    AttentionSpec spec = default_spec(Family::luna);
+    spec.causal = false;
+    spec.dtype = DType::bf16;
+    const TileConfig config = default_config(spec, arch, Pass::backward).with_mma(true);
+    ASSERT_TRUE(can_implement(spec, config, arch, Pass::backward));
+    NvrtcOptions o;
+    o.emit_ptx = true;
+    const KernelSource src = generate(spec, config, Pass::backward).value_or_throw();
+    auto r = compile_nvrtc(src, arch, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(r->resources.size(), src.entries.size());
+    for (const KernelResources& res : r->resources) {
+      std::string role;
+      for (const KernelEntry& e : src.entries)
+        if (e.name_expression == res.name_expression) role = e.role;
+      const Census c = census(entry_text(r->ptx, res.lowered_name));
+      std::printf("sm_%d bf16 backward %-12s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma "
+                  "%4d ld.shared %4d ld.global %3d\n",
+                  sm, role.c_str(), res.name_expression.c_str(), res.registers,
+                  static_cast<long long>(dynamic_smem_bytes(spec, config, Pass::backward, role)), res.spill_stores, res.spill_loads,
+                  c.mma, c.ldmatrix, c.fma, c.ld_shared, c.ld_global);
+      EXPECT_EQ(res.spill_stores, 0) << res.name_expression;
+      EXPECT_EQ(res.spill_loads, 0) << res.name_expression;
+      EXPECT_EQ(res.stack_bytes, 0) << res.name_expression;
+      const bool gemm = role == "state" || role == "dstate" || role == "dq" || role == "dkv";
+      if (gemm) {
+        EXPECT_EQ(res.name_expression.rfind("lunajit::mma_", 0), 0u) << res.name_expression;
+        EXPECT_GT(c.mma, 0) << role;
+        EXPECT_GT(c.ldmatrix, 0) << role;
+      } else {
+        EXPECT_EQ(c.mma, 0) << role;
+      }
+    }
+    EXPECT_NE(r->ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
   }
 }
 

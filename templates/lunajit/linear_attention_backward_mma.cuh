@@ -1,0 +1,393 @@
+// Non-causal backward on tensor cores (TileConfig `mma`, bf16 specs;
+// docs/MATH.md "Tensor-core backward"): the four GEMM-shaped products of the
+// non-causal backward run as mma.sync m16n8k16 with bf16 operands and fp32
+// accumulators; the feature map and its Jacobian-transpose (and so the
+// parameter gradients) stay the fp32 code of feature_map_backward.cuh.
+//
+//   mma_backward_state_kernel   (S, z) partials: the forward's mma_state_block
+//   mma_dstate_kernel           [dS | dz] = Phi_q~^T [G~ | r~]       grid (batch*heads, splits)
+//   mma_dq_kernel               dphi(q) = 2^a (G~ S~^T) + r z^T        grid (query tiles, batch*heads)
+//   mma_dkv_kernel              dphi(k) = 2^a (V dS~^T) + 1 dz^T,
+//                               dv = 2^a (Phi_k~ dS~)                 grid (key tiles, batch*heads)
+//
+// with G = dO / den and r = -(dO . o) / den computed in fp32 as the scalar
+// kernels do, ~ = rounded once to bf16, S~ = round(2^-a S) (a: exponent of the
+// block's max |S|; exact power-of-two scaling), and every sum fp32 in a fixed
+// order: the gradients are bitwise deterministic. The layouts: every 16-bit
+// tile is token- or feature-major with rows padded by 8 elements (conflict-free
+// ldmatrix, layout.cuh); S~ (D, dv + 8) serves as the k-major B of Phi_k dS
+// (ldmatrix .trans) and as the n-major B of G S^T and V dS^T (ldmatrix without
+// .trans), so one staged copy feeds both products of mma_dkv_kernel.
+#pragma once
+
+#include "lunajit/linear_attention_backward.cuh"
+#include "lunajit/linear_attention_mma.cuh"
+
+namespace lunajit {
+
+namespace mma_detail {
+
+// acc[j] += A B_j for NPW consecutive 8-column n-tiles of B stored n-major:
+// row n of the 16-bit tile at b (row stride P; b at column n0, k0) holds B's
+// k values contiguously, so ldmatrix without .trans gives B fragments
+// (b0 = k 2t..2t+1, b1 = k 2t+8.., n = g). Pairs of n-tiles share one .x4
+// (matrices: tile j k 0-7, tile j k 8-15, tile j+1 k 0-7, tile j+1 k 8-15).
+template <class T, int NPW, int P>
+LUNAJIT_DEVICE void b_tiles_nk(float (*acc)[4], const unsigned (&a)[4], const T* b, int lm, int lr) {
+#pragma unroll
+  for (int j = 0; j + 1 < NPW; j += 2) {
+    unsigned r[4];
+    mma::ldmatrix<4, false>(r, b + (8 * (j + (lm >> 1)) + lr) * P + 8 * (lm & 1));
+    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    mma::mma_m16n8k16<T>(acc[j], a, b0, acc[j]);
+    mma::mma_m16n8k16<T>(acc[j + 1], a, b1, acc[j + 1]);
+  }
+  if constexpr (NPW % 2 == 1) {
+    unsigned r[2];
+    mma::ldmatrix<2, false>(r, b + (8 * (NPW - 1) + lr) * P + 8 * (lm & 1));
+    mma::mma_m16n8k16<T>(acc[NPW - 1], a, r, acc[NPW - 1]);
+  }
+}
+
+// C = sum_p A_p B_p over a warp's 16-row m-tiles (output tiling W), the
+// NTERMS products in order into one fp32 accumulator (the bf16 hi/lo split
+// terms): A_p row-major (rows, KD) 16-bit at a[p] (row stride PA) by
+// ldmatrix.x4; B_p k-major (kNMajorB = false: (KD, n) rows, .trans) or
+// n-major (true: (n, KD) rows). Calls epi(m0, n_first, acc) once per m-tile
+// with the warp's NPW n-tiles (n-tile j covers columns n_first + 8j ..).
+template <class T, int WM, int MPW, int NPW, int KD, int PA, int PB, bool kNMajorB, int NTERMS, class Epi>
+LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* const (&b)[NTERMS], int wm, int wn,
+                                      int lane, const Epi& epi) {
+  const int lm = lane >> 3, lr = lane & 7;
+  const int n_first = wn * NPW * 8;
+  for (int i = 0; i < MPW; ++i) {
+    const int m0 = (wm + WM * i) * 16;
+    float acc[NPW][4];
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < NTERMS; ++p) {
+#pragma unroll
+      for (int k0 = 0; k0 < KD; k0 += 16) {
+        // A: matrix m holds rows m0 + 8(m&1), k k0 + 8(m>>1).
+        unsigned af[4];
+        mma::ldmatrix<4, false>(af, a[p] + (m0 + 8 * (lm & 1) + lr) * PA + k0 + 8 * (lm >> 1));
+        if constexpr (kNMajorB) b_tiles_nk<T, NPW, PB>(acc, af, b[p] + n_first * PB + k0, lm, lr);
+        else b_tiles<T, NPW, PB>(acc, af, b[p] + k0 * PB + n_first, lm, lr);
+      }
+    }
+    epi(m0, n_first, acc);
+  }
+}
+
+// Sums the split partials [D * dv | D] of one (batch, head) in split order
+// into S (D, dv) and z (D) fp32, stages 2^-a S as bf16 hi + lo tiles (D, P)
+// with a the exponent of max |S| over the block (red: one float per warp), and
+// returns 2^a (the unscale). Ends with a barrier; the tiles and z are visible
+// to every thread.
+template <int NT, int D, int DV, int SPLITS, int P>
+LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, unsigned* s_hi, unsigned* s_lo,
+                                        float* red) {
+  constexpr long long kPart = (long long)D * DV + D;
+  constexpr int NW = NT / 32;
+  float smax = 0.0f;
+  for (int e = threadIdx.x; e < D * DV; e += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + e];
+    S[e] = s;
+    smax = fmaxf(smax, fabsf(s));
+  }
+  for (int f = threadIdx.x; f < D; f += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + D * DV + f];
+    z[f] = s;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = smax;
+  __syncthreads();
+  smax = red[0];
+  for (int w = 1; w < NW; ++w) smax = fmaxf(smax, red[w]);
+  const float scale = pow2_scale(smax);
+  for (int e = threadIdx.x; e < D * (DV / 2); e += NT) {
+    const int f = e / (DV / 2), c = 2 * (e - f * (DV / 2));
+    const float2 v = load_pair(S + f * DV + c);
+    split_bf16x2(v.x * scale, v.y * scale, s_hi[(f * P + c) / 2], s_lo[(f * P + c) / 2]);
+  }
+  __syncthreads();
+  return 1.0f / scale;  // a power of two: exact
+}
+
+}  // namespace mma_detail
+
+template <class K>
+struct BackwardMmaTraits {
+  using T = typename K::T;
+  static constexpr int NW = K::threads / 32;
+  static constexpr int Tk = K::block_tokens;
+  static constexpr int PD = mma_row_halves(K::D), PV = mma_row_halves(K::dv);
+  static constexpr MmaWarpTiling kDstate = mma_warp_tiling(KernelKind::state, K::D, K::dv, Tk, NW);
+  static constexpr MmaWarpTiling kRowsByD = mma_warp_tiling(KernelKind::output, K::D, K::D, Tk, NW);   // dphi
+  static constexpr MmaWarpTiling kRowsByDv = mma_warp_tiling(KernelKind::output, K::D, K::dv, Tk, NW); // dv
+  static_assert(mma::IsSame<T, __nv_bfloat16>::value,
+                "the tensor-core backward takes bf16 I/O; fp16 and fp32 specs use the scalar backward (can_implement)");
+  static_assert(!K::causal, "the tensor-core backward is the non-causal one (can_implement)");
+  static_assert(K::D % 16 == 0 && K::dv % 16 == 0 && Tk % 16 == 0,
+                "the tensor-core backward needs D, dv and block_tokens multiples of 16 (can_implement)");
+  static_assert(kDstate.fits && kRowsByD.fits && kRowsByDv.fits,
+                "warps do not tile the tensor-core backward's products (can_implement)");
+  static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
+    return backward_mma_smem_layout(kind, BackwardTraits<K>::dims());
+  }
+};
+
+// q, dout and o rows of a query tile, phi(q) (fp32), the denominators against
+// z and then g (in place of dout) and r, as the scalar dstate and dq kernels.
+// Ends with a barrier.
+template <class K>
+LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
+                                         float* smem, const float* z, const FeatureContext& ctx) {
+  constexpr int NT = K::threads, D = K::D, DV = K::dv;
+  load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, smem + L.dout);
+  load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+  __syncthreads();
+  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+  for (int i = threadIdx.x; i < valid; i += NT)
+    smem[L.den + i] = K::normalize ? fm::dot(smem + L.phi_q + i * D, z, D) + K::eps : 1.0f;
+  __syncthreads();
+  query_gradients<K>(smem + L.dout, smem + L.o, smem + L.den, smem + L.r, valid);
+}
+
+// (S, z) partials, as the forward's tensor-core state pass. Grid (batch*heads, splits, dv blocks).
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_backward_state_kernel(const BackwardArgs args) {
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
+  const SeqSpan sp = sequence_span(args.cu_seqlens, blockIdx.x / args.problem.heads, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  mma_state_block<K, K::block_tokens, /*kSplitPhi=*/true>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k,
+                                                           a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f,
+                                                           a.workspace + w.state);
+}
+
+// [dS | dz] partials over this block's share of the queries: Phi_q~^T [G~ | r~].
+// Grid (batch*heads, splits).
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using M = BackwardMmaTraits<K>;
+  using T = typename K::T;
+  constexpr int Tk = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV;
+  constexpr MmaWarpTiling W = M::kDstate;
+  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::dstate);
+  constexpr BackwardSmem L = LM.base;
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, split = blockIdx.y;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const int seq = sp.len, tiles = (seq + Tk - 1) / Tk;
+  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int s0 = min(seq, split * tiles_per_split * Tk), s1 = min(seq, s0 + tiles_per_split * Tk);
+  constexpr long long kPart = (long long)D * DV + D;
+  const float* parts = a.workspace + w.state + (long long)bh * K::state_splits * kPart;
+  float* z = smem + L.z;
+  for (int f = threadIdx.x; f < D; f += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * DV + f];
+    z[f] = s;
+  }
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp % W.warps_m, wn = warp / W.warps_m;
+  const bool with_z = wn == 0;  // warp-uniform: the dz tile
+  float acc[W.m_tiles_per_warp][W.n_tiles_per_warp][4];
+  float zacc[W.m_tiles_per_warp][4];
+#pragma unroll
+  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W.n_tiles_per_warp; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  }
+  // Each operand as bf16 hi + lo: [dS | dz] = Phi_hi^T [G_hi | r_hi] + Phi_hi^T [G_lo | r_lo]
+  // + Phi_lo^T [G_hi | r_hi] (the lo x lo term is below 2^-16 relative).
+  const T* phi_hi = reinterpret_cast<const T*>(smem + LM.phi_h);  // (Tk, PD)
+  const T* phi_lo = reinterpret_cast<const T*>(smem + LM.phi_lo);
+  const T* g_hi = reinterpret_cast<const T*>(smem + LM.a_h);  // (Tk, PV)
+  const T* g_lo = reinterpret_cast<const T*>(smem + LM.a_lo);
+  unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
+  unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
+  __syncthreads();  // z
+  for (int t0 = s0; t0 < s1; t0 += Tk) {
+    const int valid = min(Tk, s1 - t0);
+    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f});
+    mma_detail::split_rows<NT, D, PD>(smem + L.phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
+                                      reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
+    mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
+                                       reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
+    for (int e = threadIdx.x; e < Tk / 2; e += NT) {
+      const float r0 = 2 * e < valid ? smem[L.r + 2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? smem[L.r + 2 * e + 1] : 0.0f;
+      mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
+    }
+    __syncthreads();
+    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+        acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
+    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+        acc, zacc, phi_hi, g_lo, wm, wn, with_z, lane, mma_detail::WordsColumn{r_lo});
+    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+        acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
+    __syncthreads();
+  }
+  float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
+  mma_detail::write_state_partial<W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp>(acc, zacc, part, D, DV, 0, wm,
+                                                                                   wn, with_z, lane);
+}
+
+// dq for one query tile: dphi(q) = G S^T + r z^T on mma (S~ scaled, r z^T in
+// fp32), then the feature map's backward. Grid (query tiles, batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_dq_kernel(const BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using M = BackwardMmaTraits<K>;
+  using T = typename K::T;
+  constexpr int Tk = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PV = M::PV;
+  constexpr MmaWarpTiling W = M::kRowsByD;
+  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::dq);
+  constexpr BackwardSmem L = LM.base;
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  // A tile past the end of a shorter packed sequence has no rows but still
+  // writes its (zero) parameter-gradient slot.
+  const int seq = sp.len, t0 = blockIdx.x * Tk, valid = max(0, min(Tk, seq - t0));
+  float* z = smem + L.z;
+  float* dphi = smem + L.dphi;
+  float* dparams = smem + L.dparams;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, K::state_splits, PV>(
+      a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, z,
+      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx);
+  mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
+                                     reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const float* r = smem + L.r;
+  // G S^T = g_hi S_hi^T + g_hi S_lo^T + g_lo S_hi^T (the lo x lo term is below
+  // 2^-16 relative): fp32-level, since dphi(q) = S g + z r cancels (phi(q) .
+  // dphi(q) = 0 for a normalized output) and a once-rounded product would carry
+  // 2^-8 of |S g|, not of |dphi|.
+  const T* g_hi = reinterpret_cast<const T*>(smem + LM.a_h);
+  const T* g_lo = reinterpret_cast<const T*>(smem + LM.a_lo);
+  const T* s_hi = reinterpret_cast<const T*>(smem + LM.s_h);
+  const T* s_lo = reinterpret_cast<const T*>(smem + LM.s_lo);
+  const T* const as[3] = {g_hi, g_hi, g_lo};
+  const T* const bs[3] = {s_hi, s_lo, s_hi};
+  mma_detail::row_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
+      as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int m0, int n_first, const float (*acc)[4]) {
+#pragma unroll
+        for (int j = 0; j < W.n_tiles_per_warp; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int i = m0 + g + 8 * (q >> 1), f = n_first + 8 * j + 2 * t + (q & 1);
+            if (i < valid) dphi[i * D + f] = K::normalize ? fmaf(z[f], r[i], acc[j][q] * unscale) : acc[j][q] * unscale;
+          }
+      });
+  __syncthreads();
+  Tr::FB::template backward<NT>(smem + L.x, smem + L.phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                smem + L.dx, dparams);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
+  if constexpr (Tr::kLearned)
+    write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh * gridDim.x + blockIdx.x) * Tr::kParamFloats);
+}
+
+// dk and dv for one key tile: dphi(k) = V dS^T + dz and dv = Phi_k dS, both on
+// mma from one staged dS~, then the feature map's backward. Grid (key tiles, batch*heads).
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_dkv_kernel(const BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using M = BackwardMmaTraits<K>;
+  using T = typename K::T;
+  constexpr int Tk = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV;
+  constexpr MmaWarpTiling WD = M::kRowsByD, WV = M::kRowsByDv;
+  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::dkv);
+  constexpr BackwardSmem L = LM.base;
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  // A tile past the end of a shorter packed sequence has no rows but still
+  // writes its (zero) parameter-gradient slot.
+  const int seq = sp.len, t0 = blockIdx.x * Tk, valid = max(0, min(Tk, seq - t0));
+  const int bh_count = a.problem.batch * a.problem.heads;
+  float* dz = smem + L.z;
+  float* phi = smem + L.phi_q;  // phi(k) here
+  float* dphi = smem + L.dphi;
+  float* dparams = smem + L.dparams;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, K::state_splits, PV>(
+      a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, dz,
+      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, smem + L.v);
+  __syncthreads();
+  const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 0,
+                           K::performer ? a.workspace[bh] : 0.0f};
+  K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid, ctx);
+  mma_detail::round_rows<T, NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h), valid, Tk);  // exact
+  __syncthreads();
+  mma_detail::split_rows<NT, D, PD>(phi, reinterpret_cast<unsigned*>(smem + LM.phi_h),
+                                    reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  // dS and phi(k) as bf16 hi + lo, V exact: V dS^T = V dS_hi^T + V dS_lo^T and
+  // Phi_k dS = Phi_hi dS_hi + Phi_hi dS_lo + Phi_lo dS_hi.
+  const T* s_hi = reinterpret_cast<const T*>(smem + LM.s_h);
+  const T* s_lo = reinterpret_cast<const T*>(smem + LM.s_lo);
+  const T* v_h = reinterpret_cast<const T*>(smem + LM.a_h);
+  const T* phi_hi = reinterpret_cast<const T*>(smem + LM.phi_h);
+  const T* phi_lo = reinterpret_cast<const T*>(smem + LM.phi_lo);
+  const T* const vs[2] = {v_h, v_h};
+  const T* const ss[2] = {s_hi, s_lo};
+  const T* const phis[3] = {phi_hi, phi_hi, phi_lo};
+  const T* const dss[3] = {s_hi, s_lo, s_hi};
+  mma_detail::row_tile_products<T, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
+      vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, [&](int m0, int n_first, const float (*acc)[4]) {
+#pragma unroll
+        for (int j = 0; j < WD.n_tiles_per_warp; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int i = m0 + g + 8 * (q >> 1), f = n_first + 8 * j + 2 * t + (q & 1);
+            if (i < valid) dphi[i * D + f] = fmaf(acc[j][q], unscale, dz[f]);
+          }
+      });
+  T* dv_out = static_cast<T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
+  mma_detail::row_tile_products<T, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
+      phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int m0, int n_first, const float (*acc)[4]) {
+#pragma unroll
+        for (int j = 0; j < WV.n_tiles_per_warp; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int i = m0 + g + 8 * (q >> 1), c = n_first + 8 * j + 2 * t + (q & 1);
+            if (i < valid) dv_out[(long long)(t0 + i) * a.dv.stride_seq + c] = from_float<T>(acc[j][q] * unscale);
+          }
+      });
+  __syncthreads();
+  Tr::FB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch, smem + L.dx,
+                                dparams);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
+  if constexpr (Tr::kLearned)
+    write_slot<K>(dparams, a.workspace + w.slots +
+                               ((long long)(bh_count + bh) * gridDim.x + blockIdx.x) * Tr::kParamFloats);
+}
+
+}  // namespace lunajit

@@ -1,0 +1,335 @@
+// The tensor-core backward (TileConfig::mma on the non-causal backward of a
+// bf16 spec; templates/lunajit/linear_attention_backward_mma.cuh) on the host
+// backend, which executes mma.sync / ldmatrix lane-exactly, against the
+// double-precision reference's gradients: luna at its default, smallest and
+// largest mma backward configs, performer (key stabiliser), elu (D = d, no
+// parameters) and unnormalized luna; packed variable-length batches against
+// the scalar kernels; the sanitizers under two thread orders with bitwise
+// equal gradients; and the knob's rules.
+//
+// Tolerance: check_backward's (autotune/validation.h: relative RMS 1e-2 for
+// dq, dk, dv, 3e-2 for the parameter gradients, bf16), as for every bf16
+// backward. The mma path splits every operand but V (exact in bf16) into bf16
+// hi + lo and sums the three significant products, so each product is
+// accurate to about 2^-16 relative before fp32 sums (docs/MATH.md
+// "Tensor-core backward"); the error is then that of the scalar kernels
+// (dominated by the bf16 rounding of dq, dk, dv and, in the parameter
+// gradients, by the cancellation of normalized attention), and the test
+// asserts each gradient's error within 1.1x the scalar kernels' on the same
+// inputs plus 2^-12. Rounding one operand once instead (relative 2^-8) raised
+// dq from 2.65e-3 to 3.86e-3 and db2 from 1.3e-2 to 2.6e-2 at the n = 300
+// case: that, a wrong fragment map, a missed tile or a wrong scale fail it.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "autotune/search_space.h"
+#include "autotune/validation.h"
+#include "codegen/feature_params.h"
+#include "codegen/generator.h"
+#include "codegen/launch_plan.h"
+#include "runtime/attention_runner.h"
+#include "tests/autotune/host_cases.h"
+
+namespace lunajit {
+namespace {
+
+using namespace testing_host;
+
+std::vector<TileConfig> mma_backward_configs(const AttentionSpec& spec) {
+  std::vector<TileConfig> out;
+  for (const auto& c : search_space(spec, Pass::backward, sm90()))
+    if (c.mma()) out.push_back(c);
+  return out;
+}
+
+int64_t volume(const TileConfig& c) {
+  return int64_t(c.block_tokens()) * c.threads() * c.dv_block() * c.state_splits();
+}
+
+struct Case {
+  const char* name;
+  Family family;
+  bool normalize;
+  bool every_size;  // also the smallest and largest mma configs
+};
+
+class MmaBackwardHost : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MmaBackwardHost, GradientsMatchTheReference) {
+  const Case& cs = GetParam();
+  AttentionSpec spec = default_spec(cs.family);
+  spec.causal = false;
+  spec.dtype = DType::bf16;
+  spec.normalize = cs.normalize;
+  const std::vector<TileConfig> space = mma_backward_configs(spec);
+  ASSERT_FALSE(space.empty()) << "no mma backward config";
+  auto less = [](const TileConfig& a, const TileConfig& b) {
+    return volume(a) != volume(b) ? volume(a) < volume(b) : a < b;
+  };
+  std::vector<TileConfig> configs = {default_config(spec, sm90(), Pass::backward).with_mma(true)};
+  if (cs.every_size) {
+    configs.push_back(*std::min_element(space.begin(), space.end(), less));
+    configs.push_back(*std::max_element(space.begin(), space.end(), less));
+  }
+  const double slack = std::ldexp(1.0, -12);
+  for (const TileConfig& config : configs) {
+    SCOPED_TRACE(config.to_string());
+    ASSERT_TRUE(can_implement(spec, config, sm90(), Pass::backward))
+        << can_implement(spec, config, sm90(), Pass::backward).error().message;
+    CheckOptions opt;
+    opt.seed = 2;
+    // n not a multiple of any tile, fused QKV strides, several tiles; one
+    // sequence long enough for several tiles per state split.
+    for (auto [shape, layout] : {std::pair{ProblemShape{2, 2, 45}, InputLayout::fused_qkv},
+                                 std::pair{ProblemShape{1, 1, 300}, InputLayout::contiguous}}) {
+      opt.shape = shape;
+      opt.layout = layout;
+      auto mma = check_backward(host_backend(), spec, config, opt);
+      ASSERT_TRUE(mma.ok()) << mma.error().message;
+      auto scalar = check_backward(host_backend(), spec, config.with_mma(false), opt);
+      ASSERT_TRUE(scalar.ok()) << scalar.error().message;
+      ASSERT_EQ(mma->tensors.size(), scalar->tensors.size());
+      std::string line = fmt::format("{} {} b{} h{} n{}:", cs.name, config.to_string(), shape.batch, shape.heads,
+                                     shape.seq);
+      for (size_t i = 0; i < mma->tensors.size(); ++i) {
+        const auto& m = mma->tensors[i];
+        const auto& s = scalar->tensors[i];
+        ASSERT_EQ(m.name, s.name);
+        line += fmt::format(" {} {:.2e} ({:.2e})", m.name, m.rel_rms, s.rel_rms);
+        EXPECT_TRUE(m.pass) << m.name << " " << m.rel_rms;
+        EXPECT_LE(m.rel_rms, 1.1 * s.rel_rms + slack) << m.name;
+        if (m.name == "dq" || m.name == "dk" || m.name == "dv") {
+          EXPECT_GT(m.rms_reference, 1e-7) << m.name;
+        }
+      }
+      std::printf("%s\n", line.c_str());
+      EXPECT_TRUE(mma->pass);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MmaBackwardHost,
+                         ::testing::Values(Case{"luna", Family::luna, true, true},
+                                           Case{"luna_unnormalized", Family::luna, false, false},
+                                           Case{"performer", Family::performer, true, false},
+                                           Case{"elu", Family::elu, true, false}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Packed variable-length batches (cu_seqlens, docs/MATH.md §3): the same bf16
+// inputs through the mma and the scalar backward (the scalar one is checked
+// against the reference by the varlen tests). Tolerance: relative RMS 2e-3
+// between the two per gradient: both round dq, dk, dv to bf16 (2^-8 relative
+// at most, a few 1e-4 RMS apart when the fp32 values differ slightly) and
+// agree to the split products' 2^-16 before that (measured: dq 3.3e-4, dk
+// 2.3e-4, dv 7.8e-5, parameter gradients 1.8e-5).
+namespace packed {
+
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+Buffer upload(const void* data, size_t bytes) {
+  Buffer b = host_backend().allocate(std::max<size_t>(bytes, 4)).value_or_throw();
+  const std::vector<char> zeros(data == nullptr ? bytes : 0, 0);  // data == nullptr: zero-filled
+  if (bytes) {
+    EXPECT_TRUE(host_backend().copy_to_device(b, data != nullptr ? data : zeros.data(), bytes).ok());
+  }
+  return b;
+}
+template <class T>
+std::vector<T> download(const Buffer& b, size_t n) {
+  std::vector<T> x(n);
+  EXPECT_TRUE(host_backend().copy_to_host(x.data(), b, n * sizeof(T)).ok());
+  return x;
+}
+std::vector<float> widen(const std::vector<uint16_t>& h) {
+  std::vector<float> out;
+  for (uint16_t x : h) out.push_back(from_bf16(x));
+  return out;
+}
+double rel_rms(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct Grads {
+  std::vector<float> dq, dk, dv, dparams;
+};
+
+// Forward (scalar, to get o) then the backward of `config` over the packed batch.
+Grads run(const AttentionSpec& spec, const TileConfig& config, const std::vector<int>& cu, int heads,
+          const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+          const std::vector<uint16_t>& dout, const std::vector<float>& params) {
+  const int d = spec.head_dim, dv = spec.value_dim, B = int(cu.size()) - 1, total = cu.back();
+  int longest = 0;
+  for (int b = 0; b < B; ++b) longest = std::max(longest, cu[b + 1] - cu[b]);
+  const ProblemShape shape{B, heads, longest};
+  auto fwd = AttentionRunner::create(host_backend(), spec, default_config(spec, sm90()).with_mma(false), Pass::forward)
+                 .value_or_throw();
+  auto bwd = AttentionRunner::create(host_backend(), spec, config, Pass::backward).value_or_throw();
+  Buffer bq = upload(q.data(), q.size() * 2), bk = upload(k.data(), k.size() * 2), bv = upload(v.data(), v.size() * 2);
+  Buffer bdo = upload(dout.data(), dout.size() * 2), bp = upload(params.data(), params.size() * 4);
+  Buffer bo = upload(nullptr, size_t(total) * heads * dv * 2), bcu = upload(cu.data(), cu.size() * 4);
+  Buffer bdq = upload(nullptr, q.size() * 2), bdk = upload(nullptr, k.size() * 2), bdv = upload(nullptr, v.size() * 2);
+  Buffer bdp = upload(nullptr, params.size() * 4);
+  auto tref = [&](const Buffer& b, int w) { return TensorRef{b.as_pointer(), 0, int64_t(heads) * w, w}; };
+  auto mref = [&](const Buffer& b, int w) { return MutableTensorRef{b.as_pointer(), 0, int64_t(heads) * w, w}; };
+  auto st = fwd.forward(shape, tref(bq, d), tref(bk, d), tref(bv, dv), mref(bo, dv), bp.ptr(), {}, bcu.ptr());
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  st = bwd.backward(shape, tref(bq, d), tref(bk, d), tref(bv, dv), tref(bo, dv), tref(bdo, dv), mref(bdq, d),
+                    mref(bdk, d), mref(bdv, dv), bp.ptr(), bdp.ptr(), {}, bcu.ptr());
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  return {widen(download<uint16_t>(bdq, q.size())), widen(download<uint16_t>(bdk, k.size())),
+          widen(download<uint16_t>(bdv, v.size())), download<float>(bdp, params.size())};
+}
+
+}  // namespace packed
+
+TEST(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
+  using namespace packed;
+  const std::vector<int> cu = {0, 37, 127, 130};  // 37, 90 and 3 tokens: partial tiles, tiles past a short end
+  const int heads = 2, total = cu.back();
+  AttentionSpec spec = default_spec(Family::luna);
+  spec.causal = false;
+  spec.dtype = DType::bf16;
+  const int d = spec.head_dim, dv = spec.value_dim;
+  const TileConfig scalar = default_config(spec, sm90(), Pass::backward).with_mma(false);
+  const TileConfig tc = scalar.with_mma(true);
+  ASSERT_TRUE(can_implement(spec, tc, sm90(), Pass::backward));
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  auto bf16s = [&](size_t n) {
+    std::vector<uint16_t> x(n);
+    for (auto& e : x) e = to_bf16(n01(rng));
+    return x;
+  };
+  const auto q = bf16s(size_t(total) * heads * d), k = bf16s(size_t(total) * heads * d);
+  const auto v = bf16s(size_t(total) * heads * dv), dout = bf16s(size_t(total) * heads * dv);
+  const std::vector<float> params = init_params(spec, heads, 3);
+  const Grads want = run(spec, scalar, cu, heads, q, k, v, dout, params);
+  const Grads got = run(spec, tc, cu, heads, q, k, v, dout, params);
+  const double e_dq = rel_rms(got.dq, want.dq), e_dk = rel_rms(got.dk, want.dk), e_dv = rel_rms(got.dv, want.dv);
+  const double e_dp = rel_rms(got.dparams, want.dparams);
+  std::printf("packed non-causal backward: mma vs scalar rel rms dq %.3e dk %.3e dv %.3e dparams %.3e\n", e_dq, e_dk,
+              e_dv, e_dp);
+  EXPECT_LE(e_dq, 2e-3);
+  EXPECT_LE(e_dk, 2e-3);
+  EXPECT_LE(e_dv, 2e-3);
+  EXPECT_LE(e_dp, 2e-3);
+  // Each sequence is its own problem: treating the batch as one sequence of
+  // 130 tokens (cu_seqlens ignored) gives other gradients by far.
+  const Grads one = run(spec, tc, {0, total}, heads, q, k, v, dout, params);
+  EXPECT_GT(rel_rms(one.dv, want.dv), 10 * e_dv + 1e-2);
+}
+
+// The sanitizers (init, bounds, sync, race) find nothing in the four mma
+// backward kernels, and the gradients are bitwise equal under both thread
+// orders (fixed-order sums, no atomics).
+TEST(MmaBackwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
+  for (Family family : {Family::luna, Family::performer}) {
+    AttentionSpec spec = default_spec(family);
+    spec.causal = false;
+    spec.dtype = DType::bf16;
+    // 16-token tiles so that n = 33 spans three tiles (the last partial) and two splits.
+    const TileConfig config = TileConfig(16, 4, 64, 64, 2).with_mma(true);
+    SCOPED_TRACE(std::string(to_string(family)) + " " + config.to_string());
+    ASSERT_TRUE(can_implement(spec, config, sm90(), Pass::backward));
+    CheckOptions opt;
+    opt.shape = {1, 2, 33};
+    opt.seed = 7;
+    std::vector<BackwardCheckReport> reps;
+    for (const char* schedule : {"init,bounds,sync,race,schedule=reverse",
+                                 "init,bounds,sync,race,schedule=random:20261202"}) {
+      SCOPED_TRACE(schedule);
+      HostBackend backend;
+      backend.set_sanitize(host::parse_sanitize(schedule).value_or_throw());
+      auto rep = check_backward(backend, spec, config, opt);
+      ASSERT_TRUE(rep.ok()) << rep.error().message;
+      EXPECT_TRUE(rep->pass);
+      EXPECT_GE(backend.sanitized_launches(), 4u);  // state, dstate, dq, dkv (+ key_stab, param_reduce)
+      EXPECT_TRUE(backend.last_findings().empty());
+      reps.push_back(*rep);
+    }
+    ASSERT_EQ(reps.size(), 2u);
+    EXPECT_FALSE(reps[0].dq.empty());
+    EXPECT_EQ(reps[0].dq, reps[1].dq);
+    EXPECT_EQ(reps[0].dk, reps[1].dk);
+    EXPECT_EQ(reps[0].dv, reps[1].dv);
+    EXPECT_EQ(reps[0].dparams, reps[1].dparams);
+  }
+}
+
+// The knob's rules in the backward and its place in the search space.
+TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
+  AttentionSpec spec = default_spec(Family::luna);
+  spec.causal = false;
+  spec.dtype = DType::bf16;
+  const TileConfig on = default_config(spec, sm90(), Pass::backward).with_mma(true);
+  EXPECT_TRUE(can_implement(spec, on, sm90(), Pass::backward));
+  auto rejects = [&](const AttentionSpec& s, const TileConfig& c, const char* words) {
+    auto st = can_implement(s, c, sm90(), Pass::backward);
+    ASSERT_FALSE(st) << c.to_string();
+    EXPECT_NE(st.error().message.find(words), std::string::npos) << st.error().message;
+  };
+  AttentionSpec causal = spec;
+  causal.causal = true;
+  rejects(causal, default_config(causal, sm90(), Pass::backward).with_mma(true), "causal backward");
+  AttentionSpec fp16 = spec;
+  fp16.dtype = DType::fp16;
+  rejects(fp16, on, "bf16 only");
+  AttentionSpec fp32 = spec;
+  fp32.dtype = DType::fp32;
+  rejects(fp32, on, "bf16 only");
+  rejects(spec, TileConfig(8, 4, 64, 64, 4).with_mma(true), "multiples of 16");
+  AttentionSpec odd_dv = spec;
+  odd_dv.value_dim = 40;
+  rejects(odd_dv, TileConfig(64, 4, 32, 64, 4).with_mma(true), "value_dim");
+  rejects(spec, TileConfig(64, 1, 64, 64, 4).with_mma(true), "accumulators");
+  auto feature_pass = can_implement(spec, on, sm90(), Pass::feature_map);
+  ASSERT_FALSE(feature_pass);
+  EXPECT_NE(feature_pass.error().message.find("feature_map pass"), std::string::npos);
+  // The generator agrees: mma backward kernels by name, and it refuses the
+  // configs can_implement refuses.
+  const KernelSource src = generate(spec, on, Pass::backward).value_or_throw();
+  for (const KernelEntry& e : src.entries) {
+    const bool gemm = e.role == "state" || e.role == "dstate" || e.role == "dq" || e.role == "dkv";
+    EXPECT_EQ(e.name_expression.rfind("lunajit::mma_", 0) == 0, gemm) << e.role << " " << e.name_expression;
+  }
+  EXPECT_FALSE(generate(fp16, on, Pass::backward).ok());
+  EXPECT_FALSE(generate(causal, on, Pass::backward).ok());
+  // The bf16 non-causal backward space holds both variants; fp16, fp32 and
+  // causal spaces have no mma backward configs.
+  const auto space = search_space(spec, Pass::backward, sm90());
+  const auto n_mma = std::count_if(space.begin(), space.end(), [](const TileConfig& c) { return c.mma(); });
+  EXPECT_GT(n_mma, 0);
+  EXPECT_LT(n_mma, static_cast<long>(space.size()));
+  EXPECT_TRUE(std::is_partitioned(space.begin(), space.end(), [](const TileConfig& c) { return !c.mma(); }));
+  for (const AttentionSpec& s : {fp16, fp32, causal})
+    for (const auto& c : search_space(s, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
+  // The larger shared-memory tiles are counted by the plan.
+  for (const char* role : {"dstate", "dq", "dkv"})
+    EXPECT_GT(dynamic_smem_bytes(spec, on, Pass::backward, role),
+              dynamic_smem_bytes(spec, on.with_mma(false), Pass::backward, role))
+        << role;
+}
+
+}  // namespace
+}  // namespace lunajit
