@@ -130,44 +130,12 @@ INSTANTIATE_TEST_SUITE_P(Families, MmaBackwardHost,
 // 2.3e-4, dv 7.8e-5, parameter gradients 1.8e-5).
 namespace packed {
 
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-Buffer upload(const void* data, size_t bytes) {
-  Buffer b = host_backend().allocate(std::max<size_t>(bytes, 4)).value_or_throw();
-  const std::vector<char> zeros(data == nullptr ? bytes : 0, 0);  // data == nullptr: zero-filled
-  if (bytes) {
-    EXPECT_TRUE(host_backend().copy_to_device(b, data != nullptr ? data : zeros.data(), bytes).ok());
-  }
-  return b;
-}
-template <class T>
-std::vector<T> download(const Buffer& b, size_t n) {
-  std::vector<T> x(n);
-  EXPECT_TRUE(host_backend().copy_to_host(x.data(), b, n * sizeof(T)).ok());
-  return x;
-}
+using namespace buffers;
+
 std::vector<float> widen(const std::vector<uint16_t>& h) {
   std::vector<float> out;
   for (uint16_t x : h) out.push_back(from_bf16(x));
   return out;
-}
-double rel_rms(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 struct Grads {
