@@ -53,8 +53,10 @@ LUNAJIT_DEVICE void b_tiles_nk(float (*acc)[4], const unsigned (&a)[4], const T*
 // NTERMS products in order into one fp32 accumulator (the bf16 hi/lo split
 // terms): A_p row-major (rows, KD) 16-bit at a[p] (row stride PA) by
 // ldmatrix.x4; B_p k-major (kNMajorB = false: (KD, n) rows, .trans) or
-// n-major (true: (n, KD) rows). Calls epi(m0, n_first, acc) once per m-tile
-// with the warp's NPW n-tiles (n-tile j covers columns n_first + 8j ..).
+// n-major (true: (n, KD) rows). Calls epi(row, column, value) for every
+// entry of the warp's C fragments (C fragment: q = 0,1 row m0 + g, q = 2,3
+// row m0 + g + 8; column n0 + 2t + (q & 1)), rows past the tile's valid ones
+// included (the caller masks them).
 template <class T, int WM, int MPW, int NPW, int KD, int PA, int PB, bool kNMajorB, int NTERMS, class Epi>
 LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* const (&b)[NTERMS], int wm, int wn,
                                       int lane, const Epi& epi) {
@@ -78,7 +80,11 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
         else b_tiles<T, NPW, PB>(acc, af, b[p] + k0 * PB + n_first, lm, lr);
       }
     }
-    epi(m0, n_first, acc);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) epi(m0 + g + 8 * (q >> 1), n_first + 8 * j + 2 * t + (q & 1), acc[j][q]);
   }
 }
 
@@ -279,7 +285,7 @@ __global__ void __launch_bounds__(K::threads) mma_dq_kernel(const BackwardArgs a
   mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                      reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* r = smem + L.r;
   // G S^T = g_hi S_hi^T + g_hi S_lo^T + g_lo S_hi^T (the lo x lo term is below
   // 2^-16 relative): fp32-level, since dphi(q) = S g + z r cancels (phi(q) .
@@ -292,14 +298,8 @@ __global__ void __launch_bounds__(K::threads) mma_dq_kernel(const BackwardArgs a
   const T* const as[3] = {g_hi, g_hi, g_lo};
   const T* const bs[3] = {s_hi, s_lo, s_hi};
   mma_detail::row_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
-      as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int m0, int n_first, const float (*acc)[4]) {
-#pragma unroll
-        for (int j = 0; j < W.n_tiles_per_warp; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int i = m0 + g + 8 * (q >> 1), f = n_first + 8 * j + 2 * t + (q & 1);
-            if (i < valid) dphi[i * D + f] = K::normalize ? fmaf(z[f], r[i], acc[j][q] * unscale) : acc[j][q] * unscale;
-          }
+      as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float v) {
+        if (i < valid) dphi[i * D + f] = K::normalize ? fmaf(z[f], r[i], v * unscale) : v * unscale;
       });
   __syncthreads();
   Tr::FB::template backward<NT>(smem + L.x, smem + L.phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(K::threads) mma_dkv_kernel(const BackwardArgs 
   mma_detail::split_rows<NT, D, PD>(phi, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                     reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // dS and phi(k) as bf16 hi + lo, V exact: V dS^T = V dS_hi^T + V dS_lo^T and
   // Phi_k dS = Phi_hi dS_hi + Phi_hi dS_lo + Phi_lo dS_hi.
   const T* s_hi = reinterpret_cast<const T*>(smem + LM.s_h);
@@ -361,25 +361,13 @@ __global__ void __launch_bounds__(K::threads) mma_dkv_kernel(const BackwardArgs 
   const T* const phis[3] = {phi_hi, phi_hi, phi_lo};
   const T* const dss[3] = {s_hi, s_lo, s_hi};
   mma_detail::row_tile_products<T, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
-      vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, [&](int m0, int n_first, const float (*acc)[4]) {
-#pragma unroll
-        for (int j = 0; j < WD.n_tiles_per_warp; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int i = m0 + g + 8 * (q >> 1), f = n_first + 8 * j + 2 * t + (q & 1);
-            if (i < valid) dphi[i * D + f] = fmaf(acc[j][q], unscale, dz[f]);
-          }
+      vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, [&](int i, int f, float v) {
+        if (i < valid) dphi[i * D + f] = fmaf(v, unscale, dz[f]);
       });
   T* dv_out = static_cast<T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
   mma_detail::row_tile_products<T, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
-      phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int m0, int n_first, const float (*acc)[4]) {
-#pragma unroll
-        for (int j = 0; j < WV.n_tiles_per_warp; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int i = m0 + g + 8 * (q >> 1), c = n_first + 8 * j + 2 * t + (q & 1);
-            if (i < valid) dv_out[(long long)(t0 + i) * a.dv.stride_seq + c] = from_float<T>(acc[j][q] * unscale);
-          }
+      phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int i, int c, float v) {
+        if (i < valid) dv_out[(long long)(t0 + i) * a.dv.stride_seq + c] = from_float<T>(v * unscale);
       });
   __syncthreads();
   Tr::FB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch, smem + L.dx,
