@@ -6,7 +6,11 @@
 #   make fuzz-test   clang-19 libFuzzer targets in build-fuzz/, each FUZZ_SECONDS (ctest -L fuzz)
 #   make asan-test   g++ ASan+UBSan build in build-asan/, the ASAN_TESTS subset of the suite
 BUILD_DIR ?= build
-BUILD_TYPE ?= RelWithDebInfo
+# -O2 without debug info: -g doubled the compile time of a LibTorch translation
+# unit here (the build is most of a cold `make test`). For a debuggable build:
+# make test BUILD_TYPE=RelWithDebInfo (-O2 -g) or BUILD_TYPE=Debug.
+BUILD_TYPE ?= Release
+RELEASE_FLAGS = -O2 -DNDEBUG
 JOBS ?= $(shell nproc)
 # CI runs the exhaustive sweeps at reduced size; LUNAJIT_SWEEP=full runs them whole.
 export LUNAJIT_SWEEP ?= reduced
@@ -20,7 +24,8 @@ deps:
 	@bash scripts/install_deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) > /dev/null
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DCMAKE_CXX_FLAGS_RELEASE="$(RELEASE_FLAGS)" -DCMAKE_C_FLAGS_RELEASE="$(RELEASE_FLAGS)" > /dev/null
 
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -53,6 +58,7 @@ fuzz-test: fuzz
 # ASAN_EXCLUDE (ctest -E; tests of executables not built show as *_NOT_BUILT);
 # the full run: make asan-test ASAN_TARGETS=all (see README).
 ASAN_DIR ?= build-asan
+# -g1 (line tables): the reports keep file:line; full -g only slowed the build.
 ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 # --as-needed: with the sanitizers g++ otherwise records libcuda.so.1 (the link-time
 # stub) as needed, and the runtime tests fail to start on a machine without a driver.
@@ -65,6 +71,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 
 asan: deps
 	@cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLUNAJIT_BUILD_BENCH=OFF \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
 	  -DCMAKE_CXX_FLAGS="$(ASAN_FLAGS)" -DCMAKE_C_FLAGS="$(ASAN_FLAGS)" \
 	  -DCMAKE_EXE_LINKER_FLAGS="$(ASAN_FLAGS) -Wl,--as-needed" -DCMAKE_SHARED_LINKER_FLAGS="$(ASAN_FLAGS)" > /dev/null
 	@cmake --build $(ASAN_DIR) -j $(JOBS) --target $(ASAN_TARGETS)

@@ -32,7 +32,9 @@
 #include "torch_binding/linear_attention.h"
 #include "torch_binding/modules.h"
 
-namespace lunajit {
+// Its own namespace: torch_binding_tests is one unity translation unit, and
+// op_test.cpp has helpers of the same names (Case, Inputs, ...).
+namespace lunajit::varlen_test {
 namespace {
 
 using torch::Tensor;
@@ -333,4 +335,4 @@ TEST(VarlenBadInputs, EachProblemIsNamed) {
 }
 
 }  // namespace
-}  // namespace lunajit
+}  // namespace lunajit::varlen_test
