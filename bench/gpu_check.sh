@@ -16,9 +16,10 @@
 #       kernel report; everything lands in $OUT (default gpu-check-out/): JSON,
 #       Markdown and the logs; also the per-token decode latency (decode_bench,
 #       batch 1 and 64). Stage time limits: configure 90 s + build 240 s, then the
-#       GPU stages 6 min 40 s (tests 2 min, tune 1, decode 0.5, bench 2.5, report
-#       0.7): up to 12 min 10 s in all, more than the 8-minute target when the
-#       build is cold (unmeasured: no GPU has run this script yet).
+#       GPU stages 8 min 40 s (tests 2 min, tune 1, decode 0.5, bench 2.5, the
+#       Google Benchmark suite bench/attention_bench 2, report 0.7): up to 14 min
+#       10 s in all, more than the 8-minute target when the build is cold
+#       (unmeasured: no GPU has run this script yet).
 #   bench/gpu_check.sh --dry-run checks what can be checked without a GPU: the
 #       script's syntax, the tools, the no-JIT configure step, the benchmark's
 #       table writer (and its CPU dry run when python3 has torch).
@@ -88,7 +89,7 @@ run_gpu() {
   export LUNAJIT_CACHE_DIR=$out/kernel-cache
   failed=0
   stage configure 90 configure
-  stage build 240 cmake --build "$build" --target lunajit nvrtc_tests torch_binding_tests lunajit_torch_shared decode_bench -j "$(nproc)"
+  stage build 240 cmake --build "$build" --target lunajit nvrtc_tests torch_binding_tests lunajit_torch_shared decode_bench attention_bench -j "$(nproc)"
   stage gpu_tests 60 "$build/tests/runtime_nvrtc/nvrtc_tests" --gtest_filter='*Cuda*:*Gpu*' --gtest_brief=1
   stage torch_gpu_tests 60 "$build/tests/torch_binding/torch_binding_tests" --gtest_filter='*Gpu*' --gtest_brief=1
   stage tune 60 "$build/apps/lunajit" tune --backend cuda --shapes 8,12,16384 --json
@@ -98,6 +99,9 @@ run_gpu() {
     --benchmark_filter='BM_DecodeStep/[0-9]+/(1|64)$|BM_FullCausalForwardOverPrefix/[0-9]+/1$' \
     --benchmark_out="$out/decode_bench.json" --benchmark_out_format=json
   stage bench 150 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" --out "$out"
+  # The same comparison from C++ (Google Benchmark, no Python in the timed loop).
+  stage cpp_bench 120 "$build/bench/attention_bench" --benchmark_out="$out/attention_bench.json" \
+    --benchmark_out_format=json
   stage report 40 "$build/apps/lunajit" report --arch "$(python3 -c 'import torch; c=torch.cuda.get_device_capability(); print(f"sm_{c[0]}{c[1]}")')" \
     --shapes "8,12,16384" --causal both --out "$out/report"
   [[ -f $out/tune.log ]] && cp "$out/tune.log" "$out/tune.json"
