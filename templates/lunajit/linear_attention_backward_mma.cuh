@@ -27,28 +27,6 @@ namespace lunajit {
 
 namespace mma_detail {
 
-// acc[j] += A B_j for NPW consecutive 8-column n-tiles of B stored n-major:
-// row n of the 16-bit tile at b (row stride P; b at column n0, k0) holds B's
-// k values contiguously, so ldmatrix without .trans gives B fragments
-// (b0 = k 2t..2t+1, b1 = k 2t+8.., n = g). Pairs of n-tiles share one .x4
-// (matrices: tile j k 0-7, tile j k 8-15, tile j+1 k 0-7, tile j+1 k 8-15).
-template <class T, int NPW, int P>
-LUNAJIT_DEVICE void b_tiles_nk(float (*acc)[4], const unsigned (&a)[4], const T* b, int lm, int lr) {
-#pragma unroll
-  for (int j = 0; j + 1 < NPW; j += 2) {
-    unsigned r[4];
-    mma::ldmatrix<4, false>(r, b + (8 * (j + (lm >> 1)) + lr) * P + 8 * (lm & 1));
-    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-    mma::mma_m16n8k16<T>(acc[j], a, b0, acc[j]);
-    mma::mma_m16n8k16<T>(acc[j + 1], a, b1, acc[j + 1]);
-  }
-  if constexpr (NPW % 2 == 1) {
-    unsigned r[2];
-    mma::ldmatrix<2, false>(r, b + (8 * (NPW - 1) + lr) * P + 8 * (lm & 1));
-    mma::mma_m16n8k16<T>(acc[NPW - 1], a, r, acc[NPW - 1]);
-  }
-}
-
 // C = sum_p A_p B_p over a warp's 16-row m-tiles (output tiling W), the
 // NTERMS products in order into one fp32 accumulator (the bf16 hi/lo split
 // terms): A_p row-major (rows, KD) 16-bit at a[p] (row stride PA) by
@@ -76,8 +54,7 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
         // A: matrix m holds rows m0 + 8(m&1), k k0 + 8(m>>1).
         unsigned af[4];
         mma::ldmatrix<4, false>(af, a[p] + (m0 + 8 * (lm & 1) + lr) * PA + k0 + 8 * (lm >> 1));
-        if constexpr (kNMajorB) b_tiles_nk<T, NPW, PB>(acc, af, b[p] + n_first * PB + k0, lm, lr);
-        else b_tiles<T, NPW, PB>(acc, af, b[p] + k0 * PB + n_first, lm, lr);
+        b_tiles<T, NPW, PB, kNMajorB>(acc, af, kNMajorB ? b[p] + n_first * PB + k0 : b[p] + k0 * PB + n_first, lm, lr);
       }
     }
     const int g = lane >> 2, t = lane & 3;

@@ -53,24 +53,33 @@ struct MmaTraits {
 
 namespace mma_detail {
 
-// acc[j] += A B_j for the NPW consecutive 8-column n-tiles of a row-major
-// (16, >= 8 NPW) 16-bit tile at `b` (row stride P): B is stored k-major, so
-// each fragment comes from ldmatrix .trans; pairs of n-tiles share one .x4
-// (matrices: k rows 0-7 / 8-15 of tile j, then of tile j+1), an odd last tile
-// takes an .x2 (lanes 16..31 repeat lanes 0..15's addresses, ignored).
-template <class T, int NPW, int P>
+// acc[j] += A B_j for the NPW consecutive 8-column n-tiles of a 16-bit tile
+// at `b` (row stride P; b at the warp's first column n0 and at k0):
+//   kNMajor = false: B stored k-major (row k holds B's n values), so each
+//     fragment comes from ldmatrix .trans;
+//   kNMajor = true: B stored n-major (row n holds B's k values contiguously),
+//     so ldmatrix without .trans gives the fragments (b0 = k 2t..2t+1,
+//     b1 = k 2t+8.., n = g).
+// Pairs of n-tiles share one .x4 (matrices: k 0-7 / 8-15 of tile j, then of
+// tile j+1); an odd last tile takes an .x2 (lanes 16..31 repeat lanes 0..15's
+// addresses, ignored).
+template <class T, int NPW, int P, bool kNMajor = false>
 LUNAJIT_DEVICE void b_tiles(float (*acc)[4], const unsigned (&a)[4], const T* b, int lm, int lr) {
+  // The row of 8 16-bit values lane lr of matrix (n-tile nt, k half kh) points at.
+  const auto row = [&](int nt, int kh) {
+    return kNMajor ? b + (8 * nt + lr) * P + 8 * kh : b + (8 * kh + lr) * P + 8 * nt;
+  };
 #pragma unroll
   for (int j = 0; j + 1 < NPW; j += 2) {
     unsigned r[4];
-    mma::ldmatrix<4, true>(r, b + (8 * (lm & 1) + lr) * P + 8 * (j + (lm >> 1)));
+    mma::ldmatrix<4, !kNMajor>(r, row(j + (lm >> 1), lm & 1));
     const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
     mma::mma_m16n8k16<T>(acc[j], a, b0, acc[j]);
     mma::mma_m16n8k16<T>(acc[j + 1], a, b1, acc[j + 1]);
   }
   if constexpr (NPW % 2 == 1) {
     unsigned r[2];
-    mma::ldmatrix<2, true>(r, b + (8 * (lm & 1) + lr) * P + 8 * (NPW - 1));
+    mma::ldmatrix<2, !kNMajor>(r, row(NPW - 1, lm & 1));
     mma::mma_m16n8k16<T>(acc[NPW - 1], a, r, acc[NPW - 1]);
   }
 }
