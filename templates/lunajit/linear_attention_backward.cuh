@@ -43,6 +43,17 @@ struct BackwardTraits {
   }
 };
 
+// Sums z (D) of the split partials [splits][D*dv + D] of one (batch, head), in split order.
+template <class K>
+LUNAJIT_DEVICE void sum_partial_z(const float* parts, float* z) {
+  constexpr long long kPart = (long long)K::D * K::dv + K::D;
+  for (int f = threadIdx.x; f < K::D; f += K::threads) {
+    float s = 0.0f;
+    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + K::D * K::dv + f];
+    z[f] = s;
+  }
+}
+
 // Sums the split partials [splits][D*dv + D] of one (batch, head) into S (D, dv) and z (D).
 template <class K>
 LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
@@ -52,11 +63,20 @@ LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
     for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + e];
     S[e] = s;
   }
-  for (int f = threadIdx.x; f < K::D; f += K::threads) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + K::D * K::dv + f];
-    z[f] = s;
-  }
+  sum_partial_z<K>(parts, z);
+}
+
+// The tokens [begin, end) of split `split` of K::state_splits over a sequence
+// of seq tokens in tiles of `tile`: whole tiles, ceil(tiles / splits) each.
+struct TokenRange {
+  int begin, end;
+};
+template <class K>
+LUNAJIT_DEVICE TokenRange split_range(int seq, int split, int tile) {
+  const int tiles = (seq + tile - 1) / tile;
+  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int begin = min(seq, split * tiles_per_split * tile);
+  return TokenRange{begin, min(seq, begin + tiles_per_split * tile)};
 }
 
 // r_i and g_i in place of dout, given den_i (rows < valid).
@@ -70,6 +90,25 @@ LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* de
     for (int i = threadIdx.x; i < valid; i += K::threads) r[i] = 0.0f;
   }
   __syncthreads();
+}
+
+// q, dout and o rows of a query tile, phi(q) (fp32), the denominators against
+// z and then g (in place of dout) and r, for the dstate and dq kernels
+// (scalar and mma).
+// Ends with a barrier.
+template <class K>
+LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
+                                         float* smem, const float* z, const FeatureContext& ctx) {
+  constexpr int NT = K::threads, D = K::D, DV = K::dv;
+  load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, smem + L.dout);
+  load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+  __syncthreads();
+  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+  for (int i = threadIdx.x; i < valid; i += NT)
+    smem[L.den + i] = K::normalize ? fm::dot(smem + L.phi_q + i * D, z, D) + K::eps : 1.0f;
+  __syncthreads();
+  query_gradients<K>(smem + L.dout, smem + L.o, smem + L.den, smem + L.r, valid);
 }
 
 template <class K>
@@ -119,17 +158,11 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, split = blockIdx.y;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
-  const int seq = sp.len, tiles = (seq + T - 1) / T;
-  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
-  const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
+  const int seq = sp.len;
+  const TokenRange range = split_range<K>(seq, split, T);
   constexpr long long kPart = (long long)D * DV + D;
-  const float* parts = a.workspace + w.state + (long long)bh * K::state_splits * kPart;
   float* z = smem + L.z;
-  for (int f = threadIdx.x; f < D; f += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * DV + f];
-    z[f] = s;
-  }
+  sum_partial_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   float acc[kEntries];
   float zacc[kZEntries];
@@ -137,21 +170,12 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   for (int i = 0; i < kEntries; ++i) acc[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < kZEntries; ++i) zacc[i] = 0.0f;
-  float* phi = smem + L.phi_q;
-  float* g = smem + L.dout;
-  float* den = smem + L.den;
-  float* r = smem + L.r;
-  for (int t0 = s0; t0 < s1; t0 += T) {
-    const int valid = min(T, s1 - t0);
-    load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-    load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
-    __syncthreads();
-    K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid,
-                                      FeatureContext{params, t0, seq, 1, 0.0f});
-    for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? fm::dot(phi + i * D, z, D) + K::eps : 1.0f;
-    __syncthreads();
-    query_gradients<K>(g, smem + L.o, den, r, valid);
+  const float* phi = smem + L.phi_q;
+  const float* g = smem + L.dout;
+  const float* r = smem + L.r;
+  for (int t0 = range.begin; t0 < range.end; t0 += T) {
+    const int valid = min(T, range.end - t0);
+    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f});
     // Tokens outer, entries inner, as state_block: each sum in token order.
     for (int t = 0; t < valid; ++t) {
 #pragma unroll
@@ -202,21 +226,13 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args)
   float* z = smem + L.z;
   float* phi = smem + L.phi_q;
   float* dphi = smem + L.dphi;
-  float* g = smem + L.dout;
-  float* den = smem + L.den;
-  float* r = smem + L.r;
+  const float* g = smem + L.dout;
+  const float* r = smem + L.r;
   float* dparams = smem + L.dparams;
   sum_partials<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-  load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
-  __syncthreads();
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
-  K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid, ctx);
-  for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? fm::dot(phi + i * D, z, D) + K::eps : 1.0f;
-  __syncthreads();
-  query_gradients<K>(g, smem + L.o, den, r, valid);
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx);
   for (int e = threadIdx.x; e < valid * D; e += NT) {
     const int i = e / D, f = e - i * D;
     float s = K::normalize ? z[f] * r[i] : 0.0f;

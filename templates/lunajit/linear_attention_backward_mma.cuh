@@ -126,24 +126,6 @@ struct BackwardMmaTraits {
   }
 };
 
-// q, dout and o rows of a query tile, phi(q) (fp32), the denominators against
-// z and then g (in place of dout) and r, as the scalar dstate and dq kernels.
-// Ends with a barrier.
-template <class K>
-LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
-                                         float* smem, const float* z, const FeatureContext& ctx) {
-  constexpr int NT = K::threads, D = K::D, DV = K::dv;
-  load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, smem + L.dout);
-  load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
-  __syncthreads();
-  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
-  for (int i = threadIdx.x; i < valid; i += NT)
-    smem[L.den + i] = K::normalize ? fm::dot(smem + L.phi_q + i * D, z, D) + K::eps : 1.0f;
-  __syncthreads();
-  query_gradients<K>(smem + L.dout, smem + L.o, smem + L.den, smem + L.r, valid);
-}
-
 // (S, z) partials, as the forward's tensor-core state pass. Grid (batch*heads, splits, dv blocks).
 template <class K>
 __global__ void __launch_bounds__(K::threads) mma_backward_state_kernel(const BackwardArgs args) {
@@ -171,17 +153,11 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, split = blockIdx.y;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
-  const int seq = sp.len, tiles = (seq + Tk - 1) / Tk;
-  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
-  const int s0 = min(seq, split * tiles_per_split * Tk), s1 = min(seq, s0 + tiles_per_split * Tk);
+  const int seq = sp.len;
+  const TokenRange range = split_range<K>(seq, split, Tk);
   constexpr long long kPart = (long long)D * DV + D;
-  const float* parts = a.workspace + w.state + (long long)bh * K::state_splits * kPart;
   float* z = smem + L.z;
-  for (int f = threadIdx.x; f < D; f += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * DV + f];
-    z[f] = s;
-  }
+  sum_partial_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -206,8 +182,8 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
   unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
   __syncthreads();  // z
-  for (int t0 = s0; t0 < s1; t0 += Tk) {
-    const int valid = min(Tk, s1 - t0);
+  for (int t0 = range.begin; t0 < range.end; t0 += Tk) {
+    const int valid = min(Tk, range.end - t0);
     query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f});
     mma_detail::split_rows<NT, D, PD>(smem + L.phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                       reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
