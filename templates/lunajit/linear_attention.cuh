@@ -173,6 +173,19 @@ __global__ void __launch_bounds__(K::threads) forward_key_stab_kernel(const Forw
   }
 }
 
+// The tokens [begin, end) of split `split` of K::state_splits over a sequence
+// of seq tokens in tiles of `tile`: whole tiles, ceil(tiles / splits) each.
+struct TokenRange {
+  int begin, end;
+};
+template <class K>
+LUNAJIT_DEVICE TokenRange split_range(int seq, int split, int tile) {
+  const int tiles = (seq + tile - 1) / tile;
+  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int begin = min(seq, split * tiles_per_split * tile);
+  return TokenRange{begin, min(seq, begin + tiles_per_split * tile)};
+}
+
 // Non-causal state pass: partial S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j)
 // over this block's share of the sequence. Grid (batch*heads, splits, dv blocks).
 // The state pass of one block, shared by the forward and the backward:
@@ -189,9 +202,8 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
   float* smem = reinterpret_cast<float*>(dynamic_smem());
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const int tiles = (seq + T - 1) / T;
-  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
-  const int s0 = min(seq, split * tiles_per_split * T), s1 = min(seq, s0 + tiles_per_split * T);
+  const TokenRange range = split_range<K>(seq, split, T);
+  const int s0 = range.begin, s1 = range.end;
   const float* params = Tr::head_params(all_params, h);
 
   float acc[kEntries];

@@ -66,19 +66,6 @@ LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
   sum_partial_z<K>(parts, z);
 }
 
-// The tokens [begin, end) of split `split` of K::state_splits over a sequence
-// of seq tokens in tiles of `tile`: whole tiles, ceil(tiles / splits) each.
-struct TokenRange {
-  int begin, end;
-};
-template <class K>
-LUNAJIT_DEVICE TokenRange split_range(int seq, int split, int tile) {
-  const int tiles = (seq + tile - 1) / tile;
-  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
-  const int begin = min(seq, split * tiles_per_split * tile);
-  return TokenRange{begin, min(seq, begin + tiles_per_split * tile)};
-}
-
 // r_i and g_i in place of dout, given den_i (rows < valid).
 template <class K>
 LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* den, float* r, int valid) {

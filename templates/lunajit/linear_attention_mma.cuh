@@ -185,9 +185,8 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const T* v_h = reinterpret_cast<const T*>(smem + L.v_h);      // (Tk, PV)
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const int tiles = (seq + Tk - 1) / Tk;
-  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
-  const int s0 = min(seq, split * tiles_per_split * Tk), s1 = min(seq, s0 + tiles_per_split * Tk);
+  const TokenRange range = split_range<K>(seq, split, Tk);
+  const int s0 = range.begin, s1 = range.end;
   const float* params = Tr::head_params(all_params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
