@@ -129,6 +129,75 @@ TensorCorePhi tensor_core_phi(const AttentionSpec& s) {
   return {2 * 2 * d * M8 + 2 * M * Hm * L, 2 * d * M + 2 * M * Hm * L, M * Hm / 32 + 2 * d / 64 + D / 64};
 }
 
+// The feature map's Jacobian-transpose (dx and the parameter partial) of one
+// row, as the dq and dkv kernels run it (the header's formulas): counted for
+// LUNA's neural map with shared channels, fp32 (feature_map_backward.cuh) or
+// on tensor cores (feature_map_backward_mma.cuh); otherwise the 2F estimate.
+struct Jacobian {
+  double flops = 0;       // all, tensor-core ones as executed (three split terms)
+  double tc_flops = 0;    // of which on mma
+  double wavefronts = 0;  // shared / L1 (0: the feature map's rule applies to flops)
+  double sfu = 0;
+  bool counted = false;
+};
+double activation_grad_flops(Activation a) {
+  switch (a) {
+    case Activation::relu: return 1;  // compare
+    case Activation::gelu: return 9;  // cdf (erf, 3) + pdf (exp, 3) + x pdf + add
+    case Activation::silu: return 6;  // s = 1 / (1 + exp(-x)) (3), s (1 + x (1 - s)) (3)
+    case Activation::tanh: return 3;  // tanh, 1 - t t
+  }
+  return 1;
+}
+double activation_grad_sfu(Activation a) {
+  switch (a) {
+    case Activation::relu: return 0;
+    case Activation::gelu: return 2;
+    case Activation::silu: return 2;
+    case Activation::tanh: return 1;
+  }
+  return 0;
+}
+Jacobian jacobian_per_row(const AttentionSpec& s, bool tensor_cores, double F) {
+  const LunaOptions& o = s.luna;
+  Jacobian j;
+  if (s.family != Family::luna || o.variant != LunaVariant::neural || !o.shared_channels) {
+    j.flops = 2 * F;
+    return j;
+  }
+  const double d = s.head_dim, M = o.projections, L = o.channels, Hm = o.mlp_width, D = s.feature_dim();
+  const double act = activation_flops(o.activation), actg = activation_grad_flops(o.activation);
+  const double out = output_activation_flops(o.output_activation);
+  const double sfu_h = activation_sfu(o.activation), sfu_g = activation_grad_sfu(o.activation);
+  const double soft = o.output_activation == OutputActivation::softplus ? 1 : 0;
+  const double env = o.envelope ? 2 * D + 2 + 4 * d + 1 : 0;  // denv dot, dx and (a, c) terms
+  const double tail = 4 * d * M;                           // dx = du W, dW += du^T x
+  const double proj_wave = d * M * std::min(M, 32.0) / 32;  // u = W x: the feature map's projection rule
+  j.counted = true;
+  if (tensor_cores) {
+    // u (2dM); dpre (D (2 + out')), db2 (D); per item and hidden unit a, act, act', da, du, dW1, db1
+    // (8 + act + act'); dh = dpre W2 and dW2^T += H^T dpre: 2 M L Hm each, three split terms.
+    j.tc_flops = 2 * 3 * 2 * M * L * Hm;
+    j.flops = 2 * d * M + D * (3 + out) + M * Hm * (8 + act + actg) + tail + env + j.tc_flops;
+    // Per 16 items: ldmatrix of dpre (A and B, x4 each, per 8 channels), hidden tiles stored
+    // (2 rows x hi, lo per 8 units) and read back (.trans x4, hi and lo, per 16 units), W1 and b1
+    // (2 loads each per 8 units), u and du (2 each); per row dpre's fp32 passes (dphi, phi read,
+    // dpre written, db2 read: 16 D bytes) and its hi + lo tiles (4 D bytes); u and the tail.
+    const double per16 = 8 * (L / 8) + 4 * (Hm / 8) + 8 * (Hm / 16) + 4 * (Hm / 8) + 4;
+    j.wavefronts = M / 16 * per16 + 20 * D / 128 + proj_wave + 4 * d * M / 32;
+    j.sfu = M * Hm * (sfu_h + sfu_g) + soft * 2 * D;
+    return j;
+  }
+  // fp32 code, per item: u (2d); the MLP again (Hm (2 + act) + 2 Hm L); dpre (L (2 + out'));
+  // dh and du (Hm (2 L + 5 + act')); dW1, db1 recompute dh (Hm (2 L + 6 + act')); dW2 recomputes
+  // h per channel (L Hm (4 + act)); db2 (L).
+  const double item = 2 * d + Hm * (2 + act) + 2 * Hm * L + L * (2 + out) + Hm * (2 * L + 5 + actg) +
+                      Hm * (2 * L + 6 + actg) + L * Hm * (4 + act) + L;
+  j.flops = M * item + tail + env;
+  j.sfu = M * (Hm * (sfu_h + 2 * sfu_g) + L * Hm * sfu_h + 2 * soft * L);
+  return j;
+}
+
 // Where a kernel's FLOPs go, for the wavefront and tensor-core split.
 struct Split {
   double fm = 0;          // phi (and its J^T): CUDA cores, parameter loads through L1
@@ -136,6 +205,8 @@ struct Split {
   double conflicted = 0;  // of which on the 8-way conflicted causal tiles
   double sfu = 0;         // SFU results
   double tc_terms = 1;    // tensor cores: mmas per useful product (the backward's bf16 hi/lo split: 2 or 3)
+  double jt_tc = 0;       // a counted J^T on tensor cores: its mma FLOPs (executed)
+  double jt_wave = 0;     // a counted J^T on tensor cores: its wavefronts
 };
 
 void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F,
@@ -156,8 +227,9 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
       fm_wave = rows * p.wavefronts;
     }
     k.tc_dtype = s.dtype;
+    k.tc_flops += sp.jt_tc;
     k.cuda_flops = k.flops - k.tc_flops;
-    k.smem_wavefronts = fm_wave + sp.product * sp.tc_terms * e * 64 / (2 * 32 * 32) / 128;
+    k.smem_wavefronts = fm_wave + sp.jt_wave + sp.product * sp.tc_terms * e * 64 / (2 * 32 * 32) / 128;
   } else {
     k.tc_flops = 0;
     k.cuda_flops = k.flops;
@@ -181,8 +253,11 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
   const double Fq = feature_map_flops_per_token(s, true), Fk = feature_map_flops_per_token(s, false);
   const double sfu_row = feature_map_sfu_per_token(s);
   // The feature map's Jacobian-transpose product (dx and the parameter partial) per row:
-  // an estimate, 2F (see the header), not a count of the code.
-  const double Jq = 2 * Fq, Jk = 2 * Fk;
+  // counted for LUNA's neural map, else the 2F estimate (see the header).
+  const bool jt_tc = tensor && jacobian_on_tensor_cores(s, c);
+  const Jacobian JQ = jacobian_per_row(s, jt_tc, Fq), JK = jacobian_per_row(s, jt_tc, Fk);
+  const double Jq = JQ.flops, Jk = JK.flops;
+  const double jsfu = JQ.counted ? JQ.sfu : 2 * sfu_row;  // queries and keys alike
   const double part = D * dv + D;           // floats of one split partial of (S, z) or (dS, dz)
   const double partials = 4 * BH * splits * part;
   const double norm = s.normalize ? 1 : 0;
@@ -202,18 +277,22 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
   } else if (role == "dq") {
     k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + (learned ? 4 * P * BH * nt : 0);
     k.flops = nt * BH * splits * part + BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
-    sp.fm = BH * N * (Fq + Jq);
+    sp.fm = BH * N * (Fq + (jt_tc ? 0 : Jq));
+    sp.jt_tc = jt_tc ? BH * N * JQ.tc_flops : 0;
+    sp.jt_wave = jt_tc ? BH * N * JQ.wavefronts : 0;
     // mma: G S^T (three split terms); den and the rank-one r z^T on CUDA cores.
     sp.product = BH * N * (tensor ? 2 * D * dv : den_row + D * (2 * dv + norm));
     sp.tc_terms = 3;
-    sp.sfu = BH * N * (3 * sfu_row + norm * (dv + 1));
+    sp.sfu = BH * N * (sfu_row + jsfu + norm * (dv + 1));
   } else if (role == "dkv") {
     k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + stab_read + (learned ? 4 * P * BH * nt : 0);
     k.flops = nt * BH * splits * part + BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
-    sp.fm = BH * N * (Fk + Jk);
+    sp.fm = BH * N * (Fk + (jt_tc ? 0 : Jk));
+    sp.jt_tc = jt_tc ? BH * N * JK.tc_flops : 0;
+    sp.jt_wave = jt_tc ? BH * N * JK.wavefronts : 0;
     sp.product = BH * N * 4 * D * dv;
     sp.tc_terms = 2.5;  // mma: V dS^T two split terms, Phi_k dS three
-    sp.sfu = BH * N * 3 * sfu_row;
+    sp.sfu = BH * N * (sfu_row + jsfu);
   } else if (role == "causal_dq" || role == "causal_dkv") {
     const bool dq = role == "causal_dq";
     k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params + stab_read +
@@ -233,7 +312,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
       acc.fm += fm;
       acc.conflicted += 4 * D * tri;  // A and dphi on the 256-byte-stride tiles
       acc.product += f - fm - cc * grad_row;
-      acc.sfu += cc * (4 * sfu_row + norm * (dv + 1));
+      acc.sfu += cc * (2 * sfu_row + jsfu + norm * (dv + 1));
       return f;
     };
     const double C = c.chunk(), full = std::floor(N / C), rest = N - full * C;
@@ -265,8 +344,9 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // LUNA's feature map too where feature_map_on_tensor_cores says so, every
   // other feature map stays on CUDA cores. The backward: the non-causal bf16
   // one (templates/lunajit/linear_attention_backward_mma.cuh: the state pass
-  // as the forward's, and the dstate, dq and dkv products; the feature map and
-  // its J^T stay on CUDA cores); the causal backward is scalar.
+  // as the forward's, and the dstate, dq and dkv products; the feature map
+  // stays on CUDA cores, its J^T moves to mma for LUNA's neural map,
+  // jacobian_on_tensor_cores); the causal backward is scalar.
   if (!config.mma() || spec.dtype == DType::fp32) return false;
   if (pass == Pass::backward) return !spec.causal && spec.dtype == DType::bf16;
   return pass == Pass::forward && !(spec.causal && spec.family == Family::performer);

@@ -192,11 +192,29 @@
 //   param_reduce  (learned families only) with slots = 2 BH nt (non-causal) or 2 BH (causal):
 //                 bytes = 4 P slots (read) + 4 P Hp (dparams written)
 //                 flops = P slots (one add per slot entry)
-//   ESTIMATE, not a count: J = 2F of the same row (Jq = 2 Fq, Jk = 2 Fk), the usual
-//   "backward of a layer costs twice its forward" rule, for every family. Every
-//   other backward term above counts the code as written; this one does not
-//   (the true J^T cost differs per family: relu's is d compares per row, luna's
-//   recomputes its MLP per projection for the parameter partials).
+//   J, the Jacobian-transpose of one row (jacobian_per_row in cost_model.cpp):
+//   - LUNA's neural map with shared channels: counted. With a = act activation
+//     FLOPs, a' its derivative's (relu 1, gelu 9, silu 6, tanh 3), o the output
+//     activation's, per row:
+//       fp32 (feature_map_backward.cuh), per item (row, projection): u 2d; the MLP
+//         again Hm (2 + a) + 2 Hm L; dpre L (2 + o); dh and du Hm (2L + 5 + a');
+//         dW1, db1 (recomputing dh) Hm (2L + 6 + a'); dW2 (recomputing h per
+//         channel) L Hm (4 + a); db2 L; then per row dx and dW 4dM:
+//         J = M * item + 4dM (+ the envelope's 2D + 4d + 3). The feature map's
+//         wavefront rule applies to these FLOPs. At the default: 56,576 (2F
+//         would be 21,760).
+//       tensor cores (feature_map_backward_mma.cuh; jacobian_on_tensor_cores):
+//         u 2dM; dpre and db2 D (3 + o); per item and hidden unit a, act, act',
+//         da, du, dW1, db1: M Hm (8 + a + a'); dx, dW 4dM; on mma dh = dpre W2
+//         and dW2^T += H^T dpre, 2 M L Hm each, three split terms: tc 12 M L Hm.
+//         Wavefronts per row: M/16 per 16 items (8 L/8 ldmatrix of dpre, 4 Hm/8
+//         hidden-tile stores, 8 Hm/16 ldmatrix.trans of them, 4 Hm/8 W1, b1
+//         loads, 4 u and du) + 20 D / 128 (dpre's fp32 passes, hi + lo tiles)
+//         + d M min(M, 32) / 32 (u, the projection rule) + 4 d M / 32 (dx, dW).
+//         SFU: M Hm (act + act') (+ 2D for softplus's 1 - exp(-phi/gate)).
+//   - every other map: ESTIMATE, not a count, J = 2F of the same row (the usual
+//     "backward of a layer costs twice its forward" rule; relu's true J^T is d
+//     compares per row). Every other backward term above counts the code.
 //
 #pragma once
 
@@ -237,7 +255,8 @@ struct KernelCounts {
 // cores: TileConfig::mma on the forward of a bf16/fp16 spec (the non-causal
 // state and output kernels, the causal chunk kernel; never the causal
 // performer) and on the non-causal backward of a bf16 spec (state, dstate,
-// dq, dkv); false for the causal backward.
+// dq, dkv; the feature map's J^T too where jacobian_on_tensor_cores says so);
+// false for the causal backward.
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // Whether those kernels also compute phi on tensor cores: LUNA's neural map

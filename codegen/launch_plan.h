@@ -63,6 +63,13 @@ bool has_learned_params(const AttentionSpec& spec);
 // stages phi's bf16 low halves.
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& config, Pass pass, std::string_view role);
 
+// Whether the backward's dq and dkv kernels map dphi back through the feature
+// map on tensor cores (MmaJacobianSupport in
+// templates/lunajit/feature_map_backward_mma.cuh): the tensor-core backward
+// (mma config, non-causal, bf16) of LUNA's neural map with shared channels,
+// Hm a multiple of 16 and L of 8. Otherwise the J^T is fp32 code.
+bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config);
+
 // Bytes of global memory the backward needs per (batch, head) beyond q, k, v,
 // o, dout and the gradients themselves (its workspace), for a sequence of `seq`.
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& config, int seq);

@@ -174,23 +174,8 @@ struct FeatureMapBackward<LunaFeatureMap<Opt>> {
     }
     __syncthreads();
 
-    // dx = sum_i du_i w_i (+ denv * a).
-    for (int e = threadIdx.x; e < valid * d; e += kThreads) {
-      const int r = e / d, c = e - r * d;
-      float s = 0.0f;
-      for (int i = 0; i < M; ++i) s = fmaf(bs[r * S + 1 + M + i], p[FM::kW + i * d + c], s);
-      if constexpr (Opt::envelope) s = fmaf(bs[r * S], p[FM::kA + c], s);
-      dx[e] = s;
-    }
+    projection_gradients<kThreads>(x, valid, p, bs, dx, dparams);
     // Parameter gradients, one owner thread per entry, rows in order.
-    if constexpr (Opt::variant != fm::LunaVariant::rff) {  // W is frozen for the rff variant
-      for (int e = threadIdx.x; e < M * d; e += kThreads) {
-        const int i = e / d, c = e - i * d;
-        float s = dparams[FM::kW + e];
-        for (int r = 0; r < valid; ++r) s = fmaf(bs[r * S + 1 + M + i], x[r * d + c], s);
-        dparams[FM::kW + e] = s;
-      }
-    }
     if constexpr (Opt::variant == fm::LunaVariant::neural && Opt::shared_channels) {
       for (int e = threadIdx.x; e < Hm + L * Hm + L; e += kThreads) {
         if (e < Hm) {  // W1[j], b1[j]
@@ -260,6 +245,32 @@ struct FeatureMapBackward<LunaFeatureMap<Opt>> {
         dparams[FM::kCoef + l] = s;
       }
     }
+    __syncthreads();
+  }
+
+  // dx = sum_i du_i w_i (+ denv a), dW += du^T x and the envelope's (a, c)
+  // gradients, from bs's denv and du (every row's, visible to every thread);
+  // one owner thread per parameter entry, rows in order. Shared with the
+  // tensor-core J^T (feature_map_backward_mma.cuh).
+  template <int kThreads>
+  static LUNAJIT_DEVICE void projection_gradients(const float* x, int valid, const float* p, const float* bs,
+                                                  float* dx, float* dparams) {
+    constexpr int S = kScratchPerRow;
+    for (int e = threadIdx.x; e < valid * d; e += kThreads) {
+      const int r = e / d, c = e - r * d;
+      float s = 0.0f;
+      for (int i = 0; i < M; ++i) s = fmaf(bs[r * S + 1 + M + i], p[FM::kW + i * d + c], s);
+      if constexpr (Opt::envelope) s = fmaf(bs[r * S], p[FM::kA + c], s);
+      dx[e] = s;
+    }
+    if constexpr (Opt::variant != fm::LunaVariant::rff) {  // W is frozen for the rff variant
+      for (int e = threadIdx.x; e < M * d; e += kThreads) {
+        const int i = e / d, c = e - i * d;
+        float s = dparams[FM::kW + e];
+        for (int r = 0; r < valid; ++r) s = fmaf(bs[r * S + 1 + M + i], x[r * d + c], s);
+        dparams[FM::kW + e] = s;
+      }
+    }
     if constexpr (Opt::envelope) {
       for (int c = threadIdx.x; c <= d; c += kThreads) {
         float s = dparams[FM::kA + c];  // c == d is the bias kC = kA + d
@@ -267,7 +278,6 @@ struct FeatureMapBackward<LunaFeatureMap<Opt>> {
         dparams[FM::kA + c] = s;
       }
     }
-    __syncthreads();
   }
 };
 

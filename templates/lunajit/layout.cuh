@@ -254,6 +254,7 @@ struct BackwardDims {
   int threads;
   int param_floats; // per-head parameter floats when the family learns parameters, else 0
   int running_max = 0;  // 1: causal performer (kstab, kmax, qsum, vsum tiles)
+  int jt_stage = 0;     // floats of the tensor-core J^T's staging (luna_jt_stage_floats), 0: none
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
@@ -309,12 +310,14 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
 //   dkv:    phi_h, phi_lo = phi(k), a_h = v (exact), s_h, s_lo = 2^-a dS, reduce
 struct BackwardMmaSmem {
   BackwardSmem base;
-  int phi_h, phi_lo, a_h, a_lo, s_h, s_lo, r_h, r_lo, reduce, total;  // floats
+  int phi_h, phi_lo, a_h, a_lo, s_h, s_lo, r_h, r_lo, reduce;  // floats
+  int jt;     // the tensor-core J^T's staging (dq, dkv), over the 16-bit tiles, dead by then
+  int total;
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
 
 LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardKind kind, BackwardDims p) {
-  BackwardMmaSmem l{backward_smem_layout(kind, p), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  BackwardMmaSmem l{backward_smem_layout(kind, p), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const int t = p.tokens;
   const bool phi = kind == BackwardKind::dstate || kind == BackwardKind::dkv;
   const bool state = kind == BackwardKind::dq || kind == BackwardKind::dkv;
@@ -331,7 +334,20 @@ LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardK
   l.r_lo = off;   off = align4(off + (r ? (t + 1) / 2 : 0));
   l.reduce = off; off = align4(off + (state ? p.threads / 32 : 0));
   l.total = off;
+  // The J^T runs after the products (and a barrier): its staging reuses their tiles.
+  l.jt = l.phi_h;
+  if (state && l.jt + p.jt_stage > l.total) l.total = l.jt + p.jt_stage;
   return l;
+}
+
+// Staging of LUNA's tensor-core Jacobian-transpose (feature_map_backward_mma.cuh),
+// floats: dpre as bf16 hi and lo tiles (tokens, D + 8), then per warp the
+// larger of its hidden-layer tiles (hi and lo, 16 x (Hm + 8)) and its
+// parameter partial (dW1, db1, dW2: 2 Hm + L Hm).
+LUNAJIT_HOST_DEVICE constexpr int luna_jt_stage_floats(int tokens, int D, int Hm, int L, int warps) {
+  const int dpre = align4((tokens * mma_row_halves(D) + 1) / 2);
+  const int hidden = 16 * mma_row_halves(Hm), part = 2 * Hm + L * Hm;
+  return 2 * dpre + warps * align4(hidden > part ? hidden : part);
 }
 
 // Blocks that write a partial parameter gradient: per (batch, head), one per

@@ -1,8 +1,9 @@
 // Non-causal backward on tensor cores (TileConfig `mma`, bf16 specs;
 // docs/MATH.md "Tensor-core backward"): the four GEMM-shaped products of the
 // non-causal backward run as mma.sync m16n8k16 with bf16 operands and fp32
-// accumulators; the feature map and its Jacobian-transpose (and so the
-// parameter gradients) stay the fp32 code of feature_map_backward.cuh.
+// accumulators; the feature map stays the fp32 code of feature_maps.cuh, and
+// its Jacobian-transpose (with the parameter gradients) runs on tensor cores
+// for LUNA's neural map (feature_map_backward_mma.cuh), in fp32 otherwise.
 //
 //   mma_backward_state_kernel   (S, z) partials: the forward's mma_state_block
 //   mma_dstate_kernel           [dS | dz] = Phi_q~^T [G~ | r~]       grid (batch*heads, splits)
@@ -20,6 +21,7 @@
 // .trans), so one staged copy feeds both products of mma_dkv_kernel.
 #pragma once
 
+#include "lunajit/feature_map_backward_mma.cuh"
 #include "lunajit/linear_attention_backward.cuh"
 #include "lunajit/linear_attention_mma.cuh"
 
@@ -121,8 +123,14 @@ struct BackwardMmaTraits {
                 "the tensor-core backward needs D, dv and block_tokens multiples of 16 (can_implement)");
   static_assert(kDstate.fits && kRowsByD.fits && kRowsByDv.fits,
                 "warps do not tile the tensor-core backward's products (can_implement)");
+  using FMB = MmaFeatureBackward<K>;  // the J^T: on tensor cores for LUNA's neural map, else fp32
+  static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
+    BackwardDims p = BackwardTraits<K>::dims();
+    p.jt_stage = FMB::kStageFloats;
+    return p;
+  }
   static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
-    return backward_mma_smem_layout(kind, BackwardTraits<K>::dims());
+    return backward_mma_smem_layout(kind, dims());
   }
 };
 
@@ -209,8 +217,12 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
 
 // dq for one query tile: dphi(q) = G S^T + r z^T on mma (S~ scaled, r z^T in
 // fp32), then the feature map's backward. Grid (query tiles, batch*heads).
+// When its shared memory keeps it to one block per SM (the default config does):
+// launch bounds that let ptxas use the registers the J^T needs (layout.cuh).
 template <class K>
-__global__ void __launch_bounds__(K::threads) mma_dq_kernel(const BackwardArgs args) {
+__global__ void __launch_bounds__(K::threads,
+                                  sole_block_min_blocks(BackwardMmaTraits<K>::layout(BackwardKind::dq).bytes()))
+    mma_dq_kernel(const BackwardArgs args) {
   using Tr = BackwardTraits<K>;
   using M = BackwardMmaTraits<K>;
   using T = typename K::T;
@@ -255,8 +267,8 @@ __global__ void __launch_bounds__(K::threads) mma_dq_kernel(const BackwardArgs a
         if (i < valid) dphi[i * D + f] = K::normalize ? fmaf(z[f], r[i], v * unscale) : v * unscale;
       });
   __syncthreads();
-  Tr::FB::template backward<NT>(smem + L.x, smem + L.phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
-                                smem + L.dx, dparams);
+  M::FMB::template backward<NT>(smem + L.x, smem + L.phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                smem + L.dx, dparams, smem + LM.jt);
   store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
   if constexpr (Tr::kLearned)
     write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh * gridDim.x + blockIdx.x) * Tr::kParamFloats);
@@ -264,8 +276,12 @@ __global__ void __launch_bounds__(K::threads) mma_dq_kernel(const BackwardArgs a
 
 // dk and dv for one key tile: dphi(k) = V dS^T + dz and dv = Phi_k dS, both on
 // mma from one staged dS~, then the feature map's backward. Grid (key tiles, batch*heads).
+// When its shared memory keeps it to one block per SM (the default config does):
+// launch bounds that let ptxas use the registers the J^T needs (layout.cuh).
 template <class K>
-__global__ void __launch_bounds__(K::threads) mma_dkv_kernel(const BackwardArgs args) {
+__global__ void __launch_bounds__(K::threads,
+                                  sole_block_min_blocks(BackwardMmaTraits<K>::layout(BackwardKind::dkv).bytes()))
+    mma_dkv_kernel(const BackwardArgs args) {
   using Tr = BackwardTraits<K>;
   using M = BackwardMmaTraits<K>;
   using T = typename K::T;
@@ -323,8 +339,8 @@ __global__ void __launch_bounds__(K::threads) mma_dkv_kernel(const BackwardArgs 
         if (i < valid) dv_out[(long long)(t0 + i) * a.dv.stride_seq + c] = from_float<T>(v * unscale);
       });
   __syncthreads();
-  Tr::FB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch, smem + L.dx,
-                                dparams);
+  M::FMB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch, smem + L.dx,
+                                dparams, smem + LM.jt);
   store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
   if constexpr (Tr::kLearned)
     write_slot<K>(dparams, a.workspace + w.slots +

@@ -192,24 +192,46 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
 // The tensor-core backward splits its operands into bf16 hi + lo: tc_flops
 // count every executed mma (dstate and dq 3 per product, the state pass 2, dkv
 // 2 + 3 over its two equal products), the extra FLOPs are added, the rest stays
-// on CUDA cores, and the scalar config has none.
+// on CUDA cores, and the scalar config has none. dq and dkv also map dphi back
+// through LUNA's map on tensor cores (feature_map_backward_mma.cuh), counted
+// per row against the fp32 code's count (cost_model.h, default spec: d = Hm = 64,
+// M = L = 8, relu/relu):
+//   fp32:  M (2d + Hm (2 + 1) + 2 Hm L + L (2 + 1) + Hm (2L + 6) + Hm (2L + 7)
+//          + L Hm (4 + 1) + L) + 4dM = 8 * 6816 + 2048 = 56576
+//   mma:   2dM + D (3 + 1) + M Hm (8 + 1 + 1) + 4dM = 8448 on CUDA cores
+//          + 12 M L Hm = 49152 on mma (three split terms of dh = dpre W2 and
+//          dW2^T = H^T dpre): 57600, 1024 more than the fp32 code
+//   wavefronts: M/16 (8 + 32 + 32 + 32 + 4) + 20 D / 128 + d M M / 32 + 4 d M / 32
+//          = 54 + 10 + 128 + 64 = 256
 TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   const AttentionSpec s = default_spec(Family::luna);  // bf16, D = dv = 64
   const TileConfig c = TileConfig(64, 4, 64, 64, 1).with_mma(true);
   const ProblemShape shape{1, 1, 64};
   const double N = 64, D = 64, dv = 64;
-  for (auto [role, gemm, terms] : {std::tuple{"dstate", N * (2 * D * dv + 2 * D), 3.0},
-                                   std::tuple{"dq", N * 2 * D * dv, 3.0}, std::tuple{"dkv", N * 4 * D * dv, 2.5},
-                                   std::tuple{"state", N * (2 * D * dv + D), 2.0}}) {
+  ASSERT_TRUE(jacobian_on_tensor_cores(s, c));
+  for (auto [role, gemm, terms, jt] : {std::tuple{"dstate", N * (2 * D * dv + 2 * D), 3.0, false},
+                                       std::tuple{"dq", N * 2 * D * dv, 3.0, true},
+                                       std::tuple{"dkv", N * 4 * D * dv, 2.5, true},
+                                       std::tuple{"state", N * (2 * D * dv + D), 2.0, false}}) {
     SCOPED_TRACE(role);
     const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
     const auto scalar = kernel_counts(s, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
-    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm);
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + (jt ? N * 49152 : 0));
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
-    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm);
+    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm + (jt ? N * 1024 : 0));
     EXPECT_EQ(scalar.tc_flops, 0);
     EXPECT_LT(k.smem_wavefronts, scalar.smem_wavefronts);
   }
+  AttentionSpec hm24 = s;  // Hm 24: no tensor-core J^T, the fp32 code counted
+  hm24.luna.mlp_width = 24;
+  EXPECT_FALSE(jacobian_on_tensor_cores(hm24, c));
+  EXPECT_FALSE(jacobian_on_tensor_cores(s, c.with_mma(false)));
+  AttentionSpec causal = s;
+  causal.causal = true;
+  EXPECT_FALSE(jacobian_on_tensor_cores(causal, c));
+  const auto dq = kernel_counts(s, c, Pass::backward, "dq", shape).value_or_throw();
+  // dq = phi's rule (282 per row, as the forward's state kernel) + the J^T's 256 + G S^T's 3 split terms.
+  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (282 + 256) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
 }
 
 TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {

@@ -198,6 +198,65 @@ TEST(MmaFeatureMapNvrtc, CostModelAgreesWithTheTemplate) {
   }
 }
 
+// jacobian_on_tensor_cores (host: the smem layout and the cost model) against
+// the template (MmaJacobianSupport, device): the tensor-core backward's dq and
+// dkv kernels hold the J^T's dh = dpre W2 products, the only m16n8k8 mmas of
+// the backward (3 split terms x L/8 x Hm/8 in the unrolled loop body), exactly
+// when the host says the J^T is on tensor cores; and neither spills.
+TEST(MmaJacobianNvrtc, HostAgreesWithTheTemplate) {
+  const Arch arch = arch_from_sm(80).value_or_throw();
+  NvrtcOptions o;
+  o.emit_ptx = true;
+  struct Variant {
+    const char* what;
+    void (*change)(AttentionSpec&);
+    bool expect;
+  };
+  const Variant variants[] = {
+      {"default", [](AttentionSpec&) {}, true},
+      {"envelope, softplus", [](AttentionSpec& s) {
+         s.luna.envelope = true;
+         s.luna.output_activation = OutputActivation::softplus;
+       }, true},
+      {"M 4, L 16, Hm 32, gelu", [](AttentionSpec& s) {
+         s.luna.projections = 4;
+         s.luna.channels = 16;
+         s.luna.mlp_width = 32;
+         s.luna.activation = Activation::gelu;
+       }, true},
+      {"separate channels", [](AttentionSpec& s) { s.luna.shared_channels = false; }, false},
+      {"Hm 24", [](AttentionSpec& s) { s.luna.mlp_width = 24; }, false},
+      {"L 4", [](AttentionSpec& s) { s.luna.channels = 4; }, false},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    AttentionSpec spec = default_spec(Family::luna);
+    spec.causal = false;
+    spec.dtype = DType::bf16;
+    v.change(spec);
+    const TileConfig config = default_config(spec, arch, Pass::backward).with_mma(true);
+    ASSERT_TRUE(can_implement(spec, config, arch, Pass::backward))
+        << can_implement(spec, config, arch, Pass::backward).error().message;
+    const bool model = jacobian_on_tensor_cores(spec, config);
+    EXPECT_EQ(model, v.expect);
+    const KernelSource src = generate(spec, config, Pass::backward).value_or_throw();
+    auto r = compile_nvrtc(src, arch, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    for (const KernelResources& res : r->resources) {
+      const bool dq = res.name_expression.rfind("lunajit::mma_dq_kernel", 0) == 0;
+      const bool dkv = res.name_expression.rfind("lunajit::mma_dkv_kernel", 0) == 0;
+      if (!dq && !dkv) continue;
+      const int k8 = count(entry_text(r->ptx, res.lowered_name), "mma.sync.aligned.m16n8k8");
+      const int expect = 3 * (spec.luna.channels / 8) * (spec.luna.mlp_width / 8);
+      std::printf("%-28s %s m16n8k8 %3d (model: J^T on tensor cores %d, %d per loop body) regs %d spills %d\n", v.what,
+                  dq ? "dq " : "dkv", k8, model, expect, res.registers, res.spill_stores);
+      if (model) EXPECT_EQ(k8 % expect, 0) << res.name_expression;
+      EXPECT_EQ(k8 > 0, model) << res.name_expression;
+      EXPECT_EQ(res.spill_stores, 0) << res.name_expression;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, MmaForwardNvrtc,
                          ::testing::Combine(::testing::Values(80, 90), ::testing::Values(DType::bf16, DType::fp16),
                                             ::testing::Values(false, true)),

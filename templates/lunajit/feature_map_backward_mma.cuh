@@ -1,0 +1,263 @@
+// LUNA's Jacobian-transpose on tensor cores, for the tensor-core backward's dq
+// and dkv kernels (linear_attention_backward_mma.cuh; docs/MATH.md
+// "Tensor-core J^T"). Same interface as FeatureMapBackward<FM>::backward plus
+// `stage`, the luna_jt_stage_floats of shared memory (layout.cuh); a feature
+// map without a tensor-core J^T runs FeatureMapBackward's fp32 code.
+//
+// LUNA neural, shared channels, bf16 specs, Hm a multiple of 16, L of 8.
+// Per (row r, projection i) item, with a = W1 u + b1, h = act(a), pre = h W2^T + b2:
+//   dpre = dphi * gate * out_act'(pre)         fp32, all threads; out_act'(pre) from phi
+//                                              itself: relu phi > 0, softplus
+//                                              1 - exp(-phi / gate), none 1 (exact
+//                                              identities; no MLP recomputation)
+//   db2 += colsum(dpre)                        fp32, one owner thread per channel
+//   dh = dpre W2 (16 items x Hm)               mma m16n8k8: A = dpre (hi + lo tiles,
+//                                              ldmatrix), B = W2 hi + lo from registers
+//   da = dh * act'(a), du = da . W1            fp32 on the dh C fragments (a recomputed
+//   dW1 += da u, db1 += da                     by one FMA); per-lane fp32 partials
+//   dW2^T += H^T dpre (Hm x L, K = 16 items)   mma m16n8k16: H (hi + lo) staged per warp,
+//                                              A = H^T by ldmatrix.trans, B = dpre by
+//                                              ldmatrix.trans
+// then dx, dW and the envelope as the fp32 code (projection_gradients). Each
+// mma sums the three significant terms of the bf16 hi + lo split (hi hi, hi lo,
+// lo hi), so every product is good to about 2^-16 relative, as the rest of the
+// tensor-core backward. Items: a warp owns 16-row m-tiles (warp, warp + NW,
+// ...) and walks the projections in order; the per-lane partials are reduced
+// over the lanes by a fixed shuffle tree and over the warps in warp order into
+// dparams: bitwise deterministic.
+#pragma once
+
+#include "lunajit/feature_map_backward.cuh"
+#include "lunajit/feature_map_mma.cuh"
+#include "lunajit/layout.cuh"
+#include "lunajit/mma.cuh"
+
+namespace lunajit {
+
+// Whether FM has a tensor-core J^T for I/O type T.
+template <class FM, class T>
+struct MmaJacobianSupport {
+  static constexpr bool value = false;
+};
+template <class Opt>
+struct MmaJacobianSupport<LunaFeatureMap<Opt>, __nv_bfloat16> {
+  static constexpr bool value = Opt::variant == fm::LunaVariant::neural && Opt::shared_channels &&
+                                Opt::mlp_width % 16 == 0 && Opt::channels % 8 == 0;
+};
+
+template <class K, bool kMma = MmaJacobianSupport<typename K::FeatureMap, typename K::T>::value>
+struct MmaFeatureBackward {
+  static constexpr bool kTensorCores = false;
+  static constexpr int kStageFloats = 0;
+  template <int NT>
+  static LUNAJIT_DEVICE void backward(const float* x, const float* phi, float* dphi, int valid,
+                                      const FeatureContext& ctx, const float* scratch, float* bs, float* dx,
+                                      float* dparams, float*) {
+    FeatureMapBackward<typename K::FeatureMap>::template backward<NT>(x, phi, dphi, valid, ctx, scratch, bs, dx,
+                                                                      dparams);
+  }
+};
+
+template <class K>
+struct MmaFeatureBackward<K, true> {
+  using FM = typename K::FeatureMap;
+  using FB = FeatureMapBackward<FM>;
+  using Opt = typename FM::Options;
+  using T = typename K::T;
+  static constexpr bool kTensorCores = true;
+  static constexpr int d = FM::d, M = FM::M, L = FM::L, Hm = FM::Hm, D = FM::D;
+  static constexpr int NW = K::threads / 32, Tk = K::block_tokens;
+  static constexpr int PD = mma_row_halves(D), PH = mma_row_halves(Hm);
+  static constexpr int NL = L / 8, KH = Hm / 16, NJ = Hm / 8;
+  static constexpr int S = FB::kScratchPerRow;  // [denv, u_0..u_{M-1}, du_0..du_{M-1}]
+  static constexpr int kDpreFloats = align4((Tk * PD + 1) / 2);
+  static constexpr int kWarpFloats = align4(16 * PH > 2 * Hm + L * Hm ? 16 * PH : 2 * Hm + L * Hm);
+  static constexpr int kStageFloats = luna_jt_stage_floats(Tk, D, Hm, L, NW);
+  static_assert(kStageFloats == 2 * kDpreFloats + NW * kWarpFloats, "luna_jt_stage_floats");
+  static_assert(Tk % 16 == 0, "the tensor-core J^T walks 16-row m-tiles");
+
+  template <int NT>
+  static LUNAJIT_DEVICE void backward(const float* x, const float* phi, float* dphi, int valid,
+                                      const FeatureContext& ctx, const float* scratch, float* bs, float* dx,
+                                      float* dparams, float* stage) {
+    static_assert(NT == K::threads, "one block of K::threads");
+    const float* p = ctx.params;
+    // Envelope (as the fp32 code): d(a.x + c) = (1 - g) sum_f dphi phi, before dphi turns into dpre.
+    if constexpr (Opt::envelope) {
+      const float inv_sqrt_m = 1.0f / sqrtf((float)M);
+      for (int r = threadIdx.x; r < valid; r += NT) {
+        const float g = scratch[r] / inv_sqrt_m;
+        bs[r * S] = (1.0f - g) * fm::dot(dphi + r * D, phi + r * D, D);
+      }
+    }
+    // u per item, fp32 in the order of the forward's map.
+    for (int item = threadIdx.x; item < valid * M; item += NT) {
+      const int r = item / M, i = item - r * M;
+      bs[r * S + 1 + i] = fm::dot(p + FM::kW + i * d, x + r * d, d);
+    }
+    __syncthreads();  // the envelope's dot reads dphi
+    // dpre = dphi * (gate * out_act'(pre)) in place.
+    for (int e = threadIdx.x; e < valid * D; e += NT) {
+      const float gate = scratch[e / D], y = phi[e];
+      float deriv = 1.0f;
+      if constexpr (Opt::output_activation == fm::OutAct::relu) deriv = y > 0.0f ? 1.0f : 0.0f;
+      else if constexpr (Opt::output_activation == fm::OutAct::softplus)
+        deriv = gate > 0.0f ? -expm1f(-y / gate) : 0.0f;  // sigmoid(pre) = 1 - exp(-softplus(pre))
+      dphi[e] *= gate * deriv;
+    }
+    __syncthreads();
+    unsigned* dpre_h = reinterpret_cast<unsigned*>(stage);
+    unsigned* dpre_lo = reinterpret_cast<unsigned*>(stage + kDpreFloats);
+    mma_detail::split_rows<NT, D, PD>(dphi, dpre_h, dpre_lo, valid, Tk);
+    for (int l = threadIdx.x; l < L; l += NT) {  // db2, rows then projections in order
+      float s = dparams[FM::kB2 + l];
+      for (int r = 0; r < valid; ++r)
+        for (int i = 0; i < M; ++i) s += dphi[r * D + i * L + l];
+      dparams[FM::kB2 + l] = s;
+    }
+    __syncthreads();
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3, lm = lane >> 3, lr = lane & 7;
+    // B = W2 (k = channel l, n = hidden j) of m16n8k8, hi + lo: (k 2t, 2t + 1; n g) of tile (nl, nj).
+    unsigned w2_hi[NL][NJ], w2_lo[NL][NJ];
+#pragma unroll
+    for (int nl = 0; nl < NL; ++nl)
+#pragma unroll
+      for (int nj = 0; nj < NJ; ++nj) {
+        const int l = 8 * nl + 2 * t, j = 8 * nj + g;
+        mma_detail::split_bf16x2(p[FM::kW2 + l * Hm + j], p[FM::kW2 + (l + 1) * Hm + j], w2_hi[nl][nj],
+                                 w2_lo[nl][nj]);
+      }
+    float dw1[NJ][2], db1[NJ][2];  // hidden units 8 nj + 2t + c, this lane's rows
+    float dw2[KH][NL][4];          // dW2^T C fragments: rows j = 16 kk + g (+ 8), columns l = 8 nl + 2t (+ 1)
+#pragma unroll
+    for (int nj = 0; nj < NJ; ++nj) dw1[nj][0] = dw1[nj][1] = db1[nj][0] = db1[nj][1] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KH; ++kk)
+#pragma unroll
+      for (int nl = 0; nl < NL; ++nl)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) dw2[kk][nl][q] = 0.0f;
+    float* wstage = stage + 2 * kDpreFloats + warp * kWarpFloats;
+    unsigned* h_hi = reinterpret_cast<unsigned*>(wstage);  // (16, PH) bf16
+    unsigned* h_lo = h_hi + 16 * PH / 2;
+    const T* dpre_hh = reinterpret_cast<const T*>(dpre_h);
+    const T* dpre_lh = reinterpret_cast<const T*>(dpre_lo);
+    for (int m0 = warp * 16; m0 < valid; m0 += NW * 16) {  // warp-uniform
+      const int r0 = m0 + g, r1 = m0 + g + 8;
+      const bool v0 = r0 < valid, v1 = r1 < valid;
+#pragma unroll 1
+      for (int i = 0; i < M; ++i) {
+        // Past the last row: u = 0 and dpre = 0 (the tiles' zero rows), so nothing accumulates.
+        const float ug = v0 ? bs[r0 * S + 1 + i] : 0.0f, uh = v1 ? bs[r1 * S + 1 + i] : 0.0f;
+        // dpre fragments: A of m16n8k8 (hi: regs 0, 1; lo: 2, 3) and B of m16n8k16 (k = rows).
+        const T* arow = ((lm >> 1) ? dpre_lh : dpre_hh) + (m0 + 8 * (lm & 1) + lr) * PD + i * L;
+        unsigned ad[NL][4], bd[NL][4];
+#pragma unroll
+        for (int nl = 0; nl < NL; ++nl) {
+          mma::ldmatrix<4, false>(ad[nl], arow + 8 * nl);
+          mma::ldmatrix<4, true>(bd[nl], arow + 8 * nl);
+        }
+        // Per 8 hidden units (one n-tile of dh at a time, to keep few registers live):
+        // dh = dpre W2, then da = dh act'(a) on its C fragment (rows g, g + 8; units
+        // 8 nj + 2t + c), du, dW1, db1, and h staged.
+        float du0 = 0.0f, du1 = 0.0f;
+#pragma unroll
+        for (int nj = 0; nj < NJ; ++nj) {
+          float dh[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int nl = 0; nl < NL; ++nl) {
+            const unsigned ahi[2] = {ad[nl][0], ad[nl][1]}, alo[2] = {ad[nl][2], ad[nl][3]};
+            const unsigned bhi[1] = {w2_hi[nl][nj]}, blo[1] = {w2_lo[nl][nj]};
+            mma::mma_m16n8k8<T>(dh, ahi, bhi, dh);
+            mma::mma_m16n8k8<T>(dh, ahi, blo, dh);
+            mma::mma_m16n8k8<T>(dh, alo, bhi, dh);
+          }
+          const int j = 8 * nj + 2 * t;
+          const float w1[2] = {p[FM::kW1 + j], p[FM::kW1 + j + 1]}, b1[2] = {p[FM::kB1 + j], p[FM::kB1 + j + 1]};
+          float h[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int c = q & 1;
+            const float u = q < 2 ? ug : uh;
+            const float a = fmaf(w1[c], u, b1[c]);
+            h[q] = fm::activation<Opt::activation>(a);
+            const float da = dh[q] * fm::activation_grad<Opt::activation>(a);
+            if (q < 2) du0 = fmaf(da, w1[c], du0);
+            else du1 = fmaf(da, w1[c], du1);
+            dw1[nj][c] = fmaf(da, u, dw1[nj][c]);
+            db1[nj][c] += da;
+          }
+          mma_detail::split_bf16x2(h[0], h[1], h_hi[(g * PH + j) / 2], h_lo[(g * PH + j) / 2]);
+          mma_detail::split_bf16x2(h[2], h[3], h_hi[((g + 8) * PH + j) / 2], h_lo[((g + 8) * PH + j) / 2]);
+        }
+        du0 += __shfl_xor_sync(0xffffffffu, du0, 1);
+        du0 += __shfl_xor_sync(0xffffffffu, du0, 2);
+        du1 += __shfl_xor_sync(0xffffffffu, du1, 1);
+        du1 += __shfl_xor_sync(0xffffffffu, du1, 2);
+        if (t == 0 && v0) bs[r0 * S + 1 + M + i] = du0;
+        if (t == 0 && v1) bs[r1 * S + 1 + M + i] = du1;
+        __syncwarp();
+        // dW2^T += H^T dpre: A = H^T (matrix m: units 16 kk + 8 (m & 1), rows 8 (m >> 1)) by .trans.
+        const T* hh = reinterpret_cast<const T*>(h_hi) + (8 * (lm >> 1) + lr) * PH + 8 * (lm & 1);
+        const T* hl = reinterpret_cast<const T*>(h_lo) + (8 * (lm >> 1) + lr) * PH + 8 * (lm & 1);
+#pragma unroll
+        for (int kk = 0; kk < KH; ++kk) {
+          unsigned ah[4], al[4];
+          mma::ldmatrix<4, true>(ah, hh + 16 * kk);
+          mma::ldmatrix<4, true>(al, hl + 16 * kk);
+#pragma unroll
+          for (int nl = 0; nl < NL; ++nl) {
+            const unsigned bhi[2] = {bd[nl][0], bd[nl][1]}, blo[2] = {bd[nl][2], bd[nl][3]};
+            mma::mma_m16n8k16<T>(dw2[kk][nl], ah, bhi, dw2[kk][nl]);
+            mma::mma_m16n8k16<T>(dw2[kk][nl], ah, blo, dw2[kk][nl]);
+            mma::mma_m16n8k16<T>(dw2[kk][nl], al, bhi, dw2[kk][nl]);
+          }
+        }
+        __syncwarp();  // the next projection overwrites the hidden tiles
+      }
+    }
+    // Per-lane dW1, db1 over the lanes of one t (g = 0..7), then per warp into
+    // its stage ([dW1 | db1 | dW2 (l Hm + j)]), then over the warps in order.
+#pragma unroll
+    for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+          dw1[nj][c] += __shfl_xor_sync(0xffffffffu, dw1[nj][c], o);
+          db1[nj][c] += __shfl_xor_sync(0xffffffffu, db1[nj][c], o);
+        }
+    float* part = wstage;
+    if (g == 0) {
+#pragma unroll
+      for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          part[8 * nj + 2 * t + c] = dw1[nj][c];
+          part[Hm + 8 * nj + 2 * t + c] = db1[nj][c];
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KH; ++kk)
+#pragma unroll
+      for (int nl = 0; nl < NL; ++nl)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int j = 16 * kk + g + 8 * (q >> 1), l = 8 * nl + 2 * t + (q & 1);
+          part[2 * Hm + l * Hm + j] = dw2[kk][nl][q];
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 2 * Hm + L * Hm; e += NT) {
+      float s = 0.0f;
+      for (int w = 0; w < NW; ++w) s += stage[2 * kDpreFloats + w * kWarpFloats + e];
+      const int dst = e < Hm ? FM::kW1 + e : e < 2 * Hm ? FM::kB1 + (e - Hm) : FM::kW2 + (e - 2 * Hm);
+      dparams[dst] += s;
+    }
+    FB::template projection_gradients<NT>(x, valid, p, bs, dx, dparams);
+    __syncthreads();
+  }
+};
+
+}  // namespace lunajit
