@@ -204,13 +204,16 @@
 //         wavefront rule applies to these FLOPs. At the default: 56,576 (2F
 //         would be 21,760).
 //       tensor cores (feature_map_backward_mma.cuh; jacobian_on_tensor_cores):
-//         u 2dM; dpre and db2 D (3 + o); per item and hidden unit a, act, act',
-//         da, du, dW1, db1: M Hm (8 + a + a'); dx, dW 4dM; on mma dh = dpre W2
-//         and dW2^T += H^T dpre, 2 M L Hm each, three split terms: tc 12 M L Hm.
+//         dpre and db2 D (3 + o); per item and hidden unit a, act, act', da, du,
+//         dW1, db1: M Hm (8 + a + a'); dx, dW 4dM; on mma u = X W^T with W split
+//         (2 * 2 d M8, M8 = M rounded up to 8) and dh = dpre W2, dW2^T += H^T dpre
+//         (2 M L Hm each, three split terms): tc 4 d M8 + 12 M L Hm. At the
+//         default: 7,424 on CUDA cores + 51,200 on mma.
 //         Wavefronts per row: M/16 per 16 items (8 L/8 ldmatrix of dpre, 4 Hm/8
 //         hidden-tile stores, 8 Hm/16 ldmatrix.trans of them, 4 Hm/8 W1, b1
 //         loads, 4 u and du) + 20 D / 128 (dpre's fp32 passes, hi + lo tiles)
-//         + d M min(M, 32) / 32 (u, the projection rule) + 4 d M / 32 (dx, dW).
+//         + 2 d / 64 (x's bf16 copy and its ldmatrix) + M8 / 32 (u's stores)
+//         + 4 d M / 32 (dx, dW). At the default: 130.25 (the fp32 map: 282).
 //         SFU: M Hm (act + act') (+ 2D for softplus's 1 - exp(-phi/gate)).
 //   - every other map: ESTIMATE, not a count, J = 2F of the same row (the usual
 //     "backward of a layer costs twice its forward" rule; relu's true J^T is d

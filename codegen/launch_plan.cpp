@@ -128,7 +128,8 @@ int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileC
 bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& c) {
   const LunaOptions& o = spec.luna;
   return c.mma() && !spec.causal && spec.dtype == DType::bf16 && spec.family == Family::luna &&
-         o.variant == LunaVariant::neural && o.shared_channels && o.mlp_width % 16 == 0 && o.channels % 8 == 0;
+         o.variant == LunaVariant::neural && o.shared_channels && spec.head_dim % 16 == 0 && o.mlp_width % 16 == 0 &&
+         o.channels % 8 == 0;
 }
 
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass pass, std::string_view role) {
@@ -136,7 +137,8 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
   if (c.mma() && !spec.causal) {
     BackwardDims p = backward_dims(spec, c);
     if (jacobian_on_tensor_cores(spec, c))
-      p.jt_stage = luna_jt_stage_floats(p.tokens, p.D, spec.luna.mlp_width, spec.luna.channels, p.threads / 32);
+      p.jt_stage =
+          luna_jt_stage_floats(p.tokens, p.d, p.D, spec.luna.mlp_width, spec.luna.channels, p.threads / 32);
     if (role == "dstate") return backward_mma_smem_layout(BackwardKind::dstate, p).bytes();
     if (role == "dq") return backward_mma_smem_layout(BackwardKind::dq, p).bytes();
     if (role == "dkv") return backward_mma_smem_layout(BackwardKind::dkv, p).bytes();

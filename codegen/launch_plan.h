@@ -67,7 +67,7 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& config, 
 // map on tensor cores (MmaJacobianSupport in
 // templates/lunajit/feature_map_backward_mma.cuh): the tensor-core backward
 // (mma config, non-causal, bf16) of LUNA's neural map with shared channels,
-// Hm a multiple of 16 and L of 8. Otherwise the J^T is fp32 code.
+// d and Hm multiples of 16, L of 8. Otherwise the J^T is fp32 code.
 bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config);
 
 // Bytes of global memory the backward needs per (batch, head) beyond q, k, v,

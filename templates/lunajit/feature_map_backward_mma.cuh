@@ -4,8 +4,11 @@
 // `stage`, the luna_jt_stage_floats of shared memory (layout.cuh); a feature
 // map without a tensor-core J^T runs FeatureMapBackward's fp32 code.
 //
-// LUNA neural, shared channels, bf16 specs, Hm a multiple of 16, L of 8.
+// LUNA neural, shared channels, bf16 specs, d and Hm multiples of 16, L of 8.
 // Per (row r, projection i) item, with a = W1 u + b1, h = act(a), pre = h W2^T + b2:
+//   u = X W^T                                  mma m16n8k16: x's bf16 copy (exact) by
+//                                              ldmatrix, W = W_hi + W_lo from registers
+//                                              (as the forward's tensor-core map)
 //   dpre = dphi * gate * out_act'(pre)         fp32, all threads; out_act'(pre) from phi
 //                                              itself: relu phi > 0, softplus
 //                                              1 - exp(-phi / gate), none 1 (exact
@@ -42,7 +45,7 @@ struct MmaJacobianSupport {
 template <class Opt>
 struct MmaJacobianSupport<LunaFeatureMap<Opt>, __nv_bfloat16> {
   static constexpr bool value = Opt::variant == fm::LunaVariant::neural && Opt::shared_channels &&
-                                Opt::mlp_width % 16 == 0 && Opt::channels % 8 == 0;
+                                Opt::d % 16 == 0 && Opt::mlp_width % 16 == 0 && Opt::channels % 8 == 0;
 };
 
 template <class K, bool kMma = MmaJacobianSupport<typename K::FeatureMap, typename K::T>::value>
@@ -67,13 +70,15 @@ struct MmaFeatureBackward<K, true> {
   static constexpr bool kTensorCores = true;
   static constexpr int d = FM::d, M = FM::M, L = FM::L, Hm = FM::Hm, D = FM::D;
   static constexpr int NW = K::threads / 32, Tk = K::block_tokens;
-  static constexpr int PD = mma_row_halves(D), PH = mma_row_halves(Hm);
-  static constexpr int NL = L / 8, KH = Hm / 16, NJ = Hm / 8;
+  static constexpr int PD = mma_row_halves(D), PH = mma_row_halves(Hm), PX = mma_row_halves(d);
+  static constexpr int NL = L / 8, KH = Hm / 16, NJ = Hm / 8, KP = d / 16, NP = (M + 7) / 8;
   static constexpr int S = FB::kScratchPerRow;  // [denv, u_0..u_{M-1}, du_0..du_{M-1}]
   static constexpr int kDpreFloats = align4((Tk * PD + 1) / 2);
   static constexpr int kWarpFloats = align4(16 * PH > 2 * Hm + L * Hm ? 16 * PH : 2 * Hm + L * Hm);
-  static constexpr int kStageFloats = luna_jt_stage_floats(Tk, D, Hm, L, NW);
-  static_assert(kStageFloats == 2 * kDpreFloats + NW * kWarpFloats, "luna_jt_stage_floats");
+  static constexpr int kXFloats = align4((Tk * PX + 1) / 2);
+  static constexpr int kStageFloats = luna_jt_stage_floats(Tk, d, D, Hm, L, NW);
+  static_assert(kStageFloats == 2 * kDpreFloats + (NW * kWarpFloats > kXFloats ? NW * kWarpFloats : kXFloats),
+                "luna_jt_stage_floats");
   static_assert(Tk % 16 == 0, "the tensor-core J^T walks 16-row m-tiles");
 
   template <int NT>
@@ -90,12 +95,50 @@ struct MmaFeatureBackward<K, true> {
         bs[r * S] = (1.0f - g) * fm::dot(dphi + r * D, phi + r * D, D);
       }
     }
-    // u per item, fp32 in the order of the forward's map.
-    for (int item = threadIdx.x; item < valid * M; item += NT) {
-      const int r = item / M, i = item - r * M;
-      bs[r * S + 1 + i] = fm::dot(p + FM::kW + i * d, x + r * d, d);
+    // x as bf16 (exact: the rows of a bf16 tensor) in the warps' region, free until the walk.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3, lm = lane >> 3, lr = lane & 7;
+    mma_detail::round_rows<T, NT, d, PX>(x, reinterpret_cast<unsigned*>(stage + 2 * kDpreFloats), valid, Tk);
+    __syncthreads();  // the x tile; the envelope's dot reads dphi
+    // u = X W^T on mma, W = W_hi + W_lo (as the forward's tensor-core map), into bs.
+    {
+      unsigned w_hi[KP][NP][2], w_lo[KP][NP][2];  // B = W^T: (k = 16 kk + 2t + 8 r.., n = projection 8 nt + g)
+#pragma unroll
+      for (int kk = 0; kk < KP; ++kk)
+#pragma unroll
+        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = nt * 8 + g, c = kk * 16 + 2 * t + 8 * r;
+            const float a0 = i < M ? p[FM::kW + i * d + c] : 0.0f, a1 = i < M ? p[FM::kW + i * d + c + 1] : 0.0f;
+            mma_detail::split_bf16x2(a0, a1, w_hi[kk][nt][r], w_lo[kk][nt][r]);
+          }
+      const T* x_h = reinterpret_cast<const T*>(stage + 2 * kDpreFloats);
+      for (int m0 = warp * 16; m0 < valid; m0 += NW * 16) {  // warp-uniform
+        float u[NP][4];
+#pragma unroll
+        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) u[nt][q] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk) {
+          unsigned a[4];
+          mma::ldmatrix<4, false>(a, x_h + (m0 + 8 * (lm & 1) + lr) * PX + kk * 16 + 8 * (lm >> 1));
+#pragma unroll
+          for (int nt = 0; nt < NP; ++nt) {
+            mma::mma_m16n8k16<T>(u[nt], a, w_hi[kk][nt], u[nt]);
+            mma::mma_m16n8k16<T>(u[nt], a, w_lo[kk][nt], u[nt]);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = m0 + g + 8 * (q >> 1), i = 8 * nt + 2 * t + (q & 1);
+            if (r < valid && i < M) bs[r * S + 1 + i] = u[nt][q];
+          }
+      }
     }
-    __syncthreads();  // the envelope's dot reads dphi
     // dpre = dphi * (gate * out_act'(pre)) in place.
     for (int e = threadIdx.x; e < valid * D; e += NT) {
       const float gate = scratch[e / D], y = phi[e];
@@ -115,10 +158,8 @@ struct MmaFeatureBackward<K, true> {
         for (int i = 0; i < M; ++i) s += dphi[r * D + i * L + l];
       dparams[FM::kB2 + l] = s;
     }
-    __syncthreads();
+    __syncthreads();  // u, dpre's tiles; the walk's hidden tiles overwrite the x tile
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane >> 2, t = lane & 3, lm = lane >> 3, lr = lane & 7;
     // B = W2 (k = channel l, n = hidden j) of m16n8k8, hi + lo: (k 2t, 2t + 1; n g) of tile (nl, nj).
     unsigned w2_hi[NL][NJ], w2_lo[NL][NJ];
 #pragma unroll

@@ -227,6 +227,7 @@ TEST(MmaJacobianNvrtc, HostAgreesWithTheTemplate) {
       {"separate channels", [](AttentionSpec& s) { s.luna.shared_channels = false; }, false},
       {"Hm 24", [](AttentionSpec& s) { s.luna.mlp_width = 24; }, false},
       {"L 4", [](AttentionSpec& s) { s.luna.channels = 4; }, false},
+      {"d 24", [](AttentionSpec& s) { s.head_dim = 24; }, false},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.what);
