@@ -22,9 +22,9 @@
 //                                              A = H^T by ldmatrix.trans, B = dpre by
 //                                              ldmatrix.trans
 // then dx, dW and the envelope as the fp32 code (projection_gradients). Each
-// mma sums the three significant terms of the bf16 hi + lo split (hi hi, hi lo,
-// lo hi), so every product is good to about 2^-16 relative, as the rest of the
-// tensor-core backward. Items: a warp owns 16-row m-tiles (warp, warp + NW,
+// product sums the significant terms of the bf16 hi + lo split (hi hi, hi lo,
+// lo hi; u has two, x being exact), so every product is good to about 2^-16
+// relative, as the rest of the tensor-core backward. Items: a warp owns 16-row m-tiles (warp, warp + NW,
 // ...) and walks the projections in order; the per-lane partials are reduced
 // over the lanes by a fixed shuffle tree and over the warps in warp order into
 // dparams: bitwise deterministic.
