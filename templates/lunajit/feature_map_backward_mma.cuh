@@ -102,34 +102,13 @@ struct MmaFeatureBackward<K, true> {
     __syncthreads();  // the x tile; the envelope's dot reads dphi
     // u = X W^T on mma, W = W_hi + W_lo (as the forward's tensor-core map), into bs.
     {
-      unsigned w_hi[KP][NP][2], w_lo[KP][NP][2];  // B = W^T: (k = 16 kk + 2t + 8 r.., n = projection 8 nt + g)
-#pragma unroll
-      for (int kk = 0; kk < KP; ++kk)
-#pragma unroll
-        for (int nt = 0; nt < NP; ++nt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = nt * 8 + g, c = kk * 16 + 2 * t + 8 * r;
-            const float a0 = i < M ? p[FM::kW + i * d + c] : 0.0f, a1 = i < M ? p[FM::kW + i * d + c + 1] : 0.0f;
-            mma_detail::split_bf16x2(a0, a1, w_hi[kk][nt][r], w_lo[kk][nt][r]);
-          }
+      using LP = LunaMmaParams<Opt>;
+      unsigned w_hi[KP][NP][2], w_lo[KP][NP][2];
+      LP::load_w(p, lane, w_hi, w_lo);
       const T* x_h = reinterpret_cast<const T*>(stage + 2 * kDpreFloats);
       for (int m0 = warp * 16; m0 < valid; m0 += NW * 16) {  // warp-uniform
         float u[NP][4];
-#pragma unroll
-        for (int nt = 0; nt < NP; ++nt)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) u[nt][q] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KP; ++kk) {
-          unsigned a[4];
-          mma::ldmatrix<4, false>(a, x_h + (m0 + 8 * (lm & 1) + lr) * PX + kk * 16 + 8 * (lm >> 1));
-#pragma unroll
-          for (int nt = 0; nt < NP; ++nt) {
-            mma::mma_m16n8k16<T>(u[nt], a, w_hi[kk][nt], u[nt]);
-            mma::mma_m16n8k16<T>(u[nt], a, w_lo[kk][nt], u[nt]);
-          }
-        }
+        LP::template project<T, PX>(u, x_h, m0, lane, w_hi, w_lo);
 #pragma unroll
         for (int nt = 0; nt < NP; ++nt)
 #pragma unroll

@@ -123,7 +123,8 @@ struct LunaMmaParams {
   unsigned w2[KH][NL][2];                      // B = W2^T: (k = hidden unit, n = channel g)
   float b2[NL][2];                             // channels 8 nl + 2t, 2t + 1
 
-  LUNAJIT_DEVICE void load(const float* p, int lane) {
+  // W^T's B fragments as bf16 hi + lo (also the backward's J^T, feature_map_backward_mma.cuh).
+  static LUNAJIT_DEVICE void load_w(const float* p, int lane, unsigned (&hi)[KP][NP][2], unsigned (&lo)[KP][NP][2]) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int kk = 0; kk < KP; ++kk)
@@ -133,8 +134,35 @@ struct LunaMmaParams {
         for (int r = 0; r < 2; ++r) {
           const int i = nt * 8 + g, c = kk * 16 + 2 * t + 8 * r;
           const float a0 = i < M ? p[FM::kW + i * d + c] : 0.0f, a1 = i < M ? p[FM::kW + i * d + c + 1] : 0.0f;
-          mma_detail::split_bf16x2(a0, a1, w_hi[kk][nt][r], w_lo[kk][nt][r]);
+          mma_detail::split_bf16x2(a0, a1, hi[kk][nt][r], lo[kk][nt][r]);
         }
+  }
+
+  // U = X W^T (16 x 8 NP, C fragments) for the 16 rows from m0 of x_h, a
+  // padded 16-bit tile (row stride PX): A by ldmatrix.x4, W = W_hi + W_lo.
+  template <class T, int PX>
+  static LUNAJIT_DEVICE void project(float (&u)[NP][4], const T* x_h, int m0, int lane,
+                                     const unsigned (&hi)[KP][NP][2], const unsigned (&lo)[KP][NP][2]) {
+    const int lm = lane >> 3, lr = lane & 7;
+#pragma unroll
+    for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) u[nt][q] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KP; ++kk) {
+      unsigned a[4];
+      mma::ldmatrix<4, false>(a, x_h + (m0 + 8 * (lm & 1) + lr) * PX + kk * 16 + 8 * (lm >> 1));
+#pragma unroll
+      for (int nt = 0; nt < NP; ++nt) {
+        mma::mma_m16n8k16<T>(u[nt], a, hi[kk][nt], u[nt]);
+        mma::mma_m16n8k16<T>(u[nt], a, lo[kk][nt], u[nt]);
+      }
+    }
+  }
+
+  LUNAJIT_DEVICE void load(const float* p, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    load_w(p, lane, w_hi, w_lo);
 #pragma unroll
     for (int kk = 0; kk < KH; ++kk) {
 #pragma unroll
@@ -200,7 +228,7 @@ struct MmaPhi<K, true> {
     __syncthreads();
     const T* x_h = reinterpret_cast<const T*>(phi);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int lm = lane >> 3, lr = lane & 7, g = lane >> 2, t = lane & 3;
+    const int g = lane >> 2, t = lane & 3;
     for (int m0 = warp * 16; m0 < rows_alloc; m0 += NT / 2) {  // NT / 32 warps x 16 rows
       const int r0 = m0 + g, r1 = m0 + g + 8;
       if (m0 >= valid) {  // warp-uniform: rows past the end are zero
@@ -213,20 +241,7 @@ struct MmaPhi<K, true> {
       }
       // 1. U = X W^T (W = W_hi + W_lo).
       float u[P::NP][4];
-#pragma unroll
-      for (int nt = 0; nt < P::NP; ++nt)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) u[nt][q] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < P::KP; ++kk) {
-        unsigned a[4];
-        mma::ldmatrix<4, false>(a, x_h + (m0 + 8 * (lm & 1) + lr) * PX + kk * 16 + 8 * (lm >> 1));
-#pragma unroll
-        for (int nt = 0; nt < P::NP; ++nt) {
-          mma::mma_m16n8k16<T>(u[nt], a, prm.w_hi[kk][nt], u[nt]);
-          mma::mma_m16n8k16<T>(u[nt], a, prm.w_lo[kk][nt], u[nt]);
-        }
-      }
+      P::template project<T, PX>(u, x_h, m0, lane, prm.w_hi, prm.w_lo);
       float gate0 = inv_sqrt_m, gate1 = inv_sqrt_m;
       if constexpr (Opt::envelope) {
         gate0 = r0 < valid ? scratch[r0] : 0.0f;
