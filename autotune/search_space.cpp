@@ -42,8 +42,8 @@ EffectiveKnobs effective_knobs(const AttentionSpec& spec, Pass pass) {
   } else {
     k.block_tokens = true;
     k.state_splits = true;
-    // The tensor-core backward: non-causal bf16 (can_implement).
-    k.mma = pass == Pass::forward ? spec.dtype != DType::fp32 : spec.dtype == DType::bf16;
+    // The tensor-core backward: non-causal bf16 or fp16 (can_implement).
+    k.mma = spec.dtype != DType::fp32;
   }
   k.phi_backward = pass == Pass::backward;
   return k;

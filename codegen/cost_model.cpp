@@ -294,7 +294,9 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.jt_tc = jt_tc ? BH * N * JK.tc_flops : 0;
     sp.jt_wave = jt_tc ? BH * N * JK.wavefronts : 0;
     sp.product = BH * N * 4 * D * dv;
-    sp.tc_terms = 2.5;  // mma: V dS^T two split terms, Phi_k dS three
+    // mma: Phi_k dS three split terms; V dS^T two (bf16 V exact), three for
+    // fp16 I/O (V split into bf16 hi + lo).
+    sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2.5;
     sp.sfu = BH * N * (sfu_row + jsfu);
   } else if (role == "causal_dq" || role == "causal_dkv") {
     const bool dq = role == "causal_dq";
@@ -334,6 +336,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.flops = P * slots;
   }
   finish(k, sp, s, tensor, sp.fm, Fq);
+  if (tensor) k.tc_dtype = DType::bf16;  // the backward's operands are bf16 hi + lo splits for fp16 I/O too
   return k;
 }
 
@@ -346,12 +349,12 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // state-update products (not the causal performer, which has no mma kernel);
   // LUNA's feature map too where feature_map_on_tensor_cores says so, every
   // other feature map stays on CUDA cores. The backward: the non-causal bf16
-  // one (templates/lunajit/linear_attention_backward_mma.cuh: the state pass
+  // and fp16 one (bf16 operands) (templates/lunajit/linear_attention_backward_mma.cuh: the state pass
   // as the forward's, and the dstate, dq and dkv products; the feature map
   // stays on CUDA cores, its J^T moves to mma for LUNA's neural map,
   // jacobian_on_tensor_cores); the causal backward is scalar.
   if (!config.mma() || spec.dtype == DType::fp32) return false;
-  if (pass == Pass::backward) return !spec.causal && spec.dtype == DType::bf16;
+  if (pass == Pass::backward) return !spec.causal;
   return pass == Pass::forward && !(spec.causal && spec.family == Family::performer);
 }
 
@@ -423,7 +426,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     sp.fm = nd * BH * N * Fk;
     sp.product = k.flops - sp.fm;
     sp.sfu = nd * BH * N * sfu_row;
-    if (pass == Pass::backward) sp.tc_terms = 2;  // mma: phi split into bf16 hi + lo (kSplitPhi)
+    // mma: phi split into bf16 hi + lo (kSplitPhi); fp16 V split too (+ Phi_hi^T V_lo).
+    if (pass == Pass::backward) sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2;
   } else if (role == "output") {
     const double nt = ceil_div(N, c.block_tokens());
     k.bytes = BH * N * (d + dv) * e + partials + params;
@@ -468,6 +472,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
   }
   const bool tc_phi = role != "feature_map" && role != "key_stab" && feature_map_on_tensor_cores(s, c, pass);
   finish(k, sp, s, tensor, sp.fm, Fq, tc_phi);
+  if (tensor && pass == Pass::backward) k.tc_dtype = DType::bf16;  // the split state pass: bf16 operands
   return k;
 }
 

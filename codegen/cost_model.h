@@ -43,14 +43,16 @@
 //   former model). FLOPs are executed on CUDA cores (cuda_flops) unless the
 //   kernel computes its GEMM-shaped products on tensor cores
 //   (uses_tensor_cores: TileConfig::mma, the non-causal forward's state and
-//   output kernels, the causal chunk kernel, and the non-causal bf16
+//   output kernels, the causal chunk kernel, and the non-causal bf16/fp16
 //   backward's state, dstate (Phi_q^T [G | r]), dq (G S^T) and dkv (V dS^T,
 //   Phi_k dS) kernels): those products move to tc_flops, phi, its J^T, the
 //   denominators and the rest stay. The backward splits its operands into
 //   bf16 hi + lo (docs/MATH.md "Tensor-core backward"): tc_flops count every
 //   executed mma, 2 per product in the state pass, 3 in dstate and dq, 2 (V
 //   dS^T) and 3 (Phi_k dS) in dkv, the extra ones added to flops, and the
-//   operand wavefronts below scale the same way.
+//   operand wavefronts below scale the same way. fp16 I/O: V too is split
+//   (bf16 holds fp16 exactly only as hi + lo), 3 per product in the state
+//   pass and in V dS^T; its operands are bf16 (tc_dtype).
 //
 //   Shared-memory (L1 datapath) wavefronts, layout formulas for the kernels as
 //   written (the PTX review of issue 11; the emulator's banks sanitizer, `lunajit
@@ -257,7 +259,7 @@ struct KernelCounts {
 // Whether the config's kernels compute their GEMM-shaped products on tensor
 // cores: TileConfig::mma on the forward of a bf16/fp16 spec (the non-causal
 // state and output kernels, the causal chunk kernel; never the causal
-// performer) and on the non-causal backward of a bf16 spec (state, dstate,
+// performer) and on the non-causal backward of a bf16/fp16 spec (state, dstate,
 // dq, dkv; the feature map's J^T too where jacobian_on_tensor_cores says so);
 // false for the causal backward.
 bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass);

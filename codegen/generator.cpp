@@ -62,9 +62,9 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
                                       "performer (the fp32 forward and the causal performer's running key "
                                       "stabiliser have no tensor-core kernels)",
                                       config.to_string()));
-  if (config.mma() && pass == Pass::backward && (spec.dtype != DType::bf16 || spec.causal))
-    return Error::invalid(fmt::format("config {}: mma = true in the backward needs a non-causal bf16 spec (the "
-                                      "causal, fp16 and fp32 backwards have no tensor-core kernels)",
+  if (config.mma() && pass == Pass::backward && (spec.dtype == DType::fp32 || spec.causal))
+    return Error::invalid(fmt::format("config {}: mma = true in the backward needs a non-causal bf16 or fp16 spec "
+                                      "(the causal and fp32 backwards have no tensor-core kernels)",
                                       config.to_string()));
 
   const std::string hash = spec_hash(spec);

@@ -114,7 +114,10 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       spec.causal ? c.chunk() : c.block_tokens(),
                       c.threads(),
                       has_learned_params(spec) ? static_cast<int>(param_layout(spec).per_head_floats) : 0,
-                      running_max(spec)};
+                      running_max(spec),
+                      /*jt_stage=*/0,
+                      // The tensor-core backward stages fp16 V as bf16 hi + lo.
+                      c.mma() && spec.dtype == DType::fp16 ? 1 : 0};
 }
 }  // namespace
 
@@ -160,7 +163,8 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
   // The causal walk's per-range state pass tiles by chunk (super-chunk split).
   if (role == "state" && c.mma())
     return mma_smem_layout(KernelKind::state, dims(spec.causal ? c.chunk() : c.block_tokens()),
-                           /*split_phi=*/pass == Pass::backward)
+                           /*split_phi=*/pass == Pass::backward,
+                           /*split_v=*/pass == Pass::backward && spec.dtype == DType::fp16)
         .bytes();
   if (role == "output" && c.mma()) return mma_smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
   if (role == "state") return smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();

@@ -30,7 +30,7 @@ std::string list(const int (&choices)[N]) {
 
 
 // The tensor-core backward (templates/lunajit/linear_attention_backward_mma.cuh):
-// non-causal bf16 specs; its kernels work over the whole dv (dstate, dq, dkv)
+// non-causal bf16 and fp16 specs (bf16 operands either way); its kernels work over the whole dv (dstate, dq, dkv)
 // and over dv_block (the state pass, the forward's mma_state_block).
 Status can_implement_mma_backward(const AttentionSpec& spec, const TileConfig& c) {
   const std::string name = c.to_string();
@@ -38,10 +38,9 @@ Status can_implement_mma_backward(const AttentionSpec& spec, const TileConfig& c
     return Error::invalid(fmt::format("{}: mma = true: the causal backward has no tensor-core kernels yet (only "
                                       "the non-causal one); use mma = false",
                                       name));
-  if (spec.dtype != DType::bf16)
-    return Error::invalid(fmt::format("{}: mma = true: the backward runs on tensor cores for dtype bf16 only "
-                                      "(fp32 keeps the exact path; fp16's range cannot hold g = dO / den unscaled); "
-                                      "dtype = {}; use mma = false",
+  if (spec.dtype == DType::fp32)
+    return Error::invalid(fmt::format("{}: mma = true: the backward runs on tensor cores for dtype bf16 or fp16 "
+                                      "(fp32 keeps the exact path); dtype = {}; use mma = false",
                                       name, to_string(spec.dtype)));
   const int D = spec.feature_dim(), dv = spec.value_dim, tokens = c.block_tokens();
   if (D % 16 != 0 || dv % 16 != 0 || c.dv_block() % 16 != 0 || tokens % 16 != 0)
@@ -295,10 +294,10 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
         for (int warps : {4, 8, 2, 1}) {
           TileConfig c(tokens, warps, dvb, chunk, 4);
           if (!can_implement(spec, c, arch, pass)) continue;
-          // The forward of a bf16/fp16 spec and the non-causal backward of a
-          // bf16 spec run on tensor cores by default (the same tiles with mma
-          // on, where the mma kernels implement them); fp32 specs, the fp16
-          // backward and the causal backward keep the scalar kernels.
+          // The forward and the non-causal backward of a bf16/fp16 spec run
+          // on tensor cores by default (the same tiles with mma on, where the
+          // mma kernels implement them); fp32 specs and the causal backward
+          // keep the scalar kernels.
           if (pass != Pass::feature_map && spec.dtype != DType::fp32 &&
               can_implement(spec, c.with_mma(true), arch, pass))
             return c.with_mma(true);

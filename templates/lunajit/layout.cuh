@@ -151,13 +151,17 @@ struct MmaSmemLayout {
   int state, z, x, phi, scratch, phi_h, v_h, s_h, z_h, reduce, total;  // floats
   int phi_k_h = 0;                                                     // causal_chunk only
   int phi_lo = 0;  // state with split_phi (the backward's state pass): phi's bf16 low halves (tokens, D + 8)
+  int v_lo = 0;    // state with split_v (the fp16 backward's state pass): V's bf16 low halves (tokens, dv_block + 8)
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
 
 LUNAJIT_HOST_DEVICE constexpr int mma_row_halves(int cols) { return cols + 8; }
 
-LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p, bool split_phi = false) {
-  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+// split_phi: the backward's state pass (phi split into bf16 hi + lo);
+// split_v: with fp16 I/O also V, which bf16 holds exactly only as hi + lo.
+LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p, bool split_phi = false,
+                                                           bool split_v = false) {
+  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   int off = 0;
   if (kind == KernelKind::causal_chunk) {
     l.x = off;       off = align4(off + p.tokens * p.d);
@@ -185,6 +189,9 @@ LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, Lay
     l.v_h = off;   off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
     if (split_phi) {
       l.phi_lo = off; off = align4(off + (p.tokens * mma_row_halves(p.D) + 1) / 2);
+    }
+    if (split_phi && split_v) {
+      l.v_lo = off; off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
     }
   } else {
     l.s_h = off;   off = align4(off + (p.D * mma_row_halves(p.dv_block) + 1) / 2);
@@ -255,6 +262,7 @@ struct BackwardDims {
   int param_floats; // per-head parameter floats when the family learns parameters, else 0
   int running_max = 0;  // 1: causal performer (kstab, kmax, qsum, vsum tiles)
   int jt_stage = 0;     // floats of the tensor-core J^T's staging (luna_jt_stage_floats), 0: none
+  int split_v = 0;      // 1: fp16 I/O on tensor cores: V staged as bf16 hi + lo (a_lo in dkv)
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
@@ -327,7 +335,7 @@ LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardK
   l.phi_h = off;  off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
   l.phi_lo = off; off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
   l.a_h = off;    off = align4(off + (t * mma_row_halves(p.dv) + 1) / 2);
-  l.a_lo = off;   off = align4(off + (g ? (t * mma_row_halves(p.dv) + 1) / 2 : 0));
+  l.a_lo = off;   off = align4(off + (g || (kind == BackwardKind::dkv && p.split_v) ? (t * mma_row_halves(p.dv) + 1) / 2 : 0));
   l.s_h = off;    off = align4(off + (state ? (p.D * mma_row_halves(p.dv) + 1) / 2 : 0));
   l.s_lo = off;   off = align4(off + (state ? (p.D * mma_row_halves(p.dv) + 1) / 2 : 0));
   l.r_h = off;    off = align4(off + (r ? (t + 1) / 2 : 0));

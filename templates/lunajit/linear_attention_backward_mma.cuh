@@ -1,7 +1,7 @@
-// Non-causal backward on tensor cores (TileConfig `mma`, bf16 specs;
+// Non-causal backward on tensor cores (TileConfig `mma`, bf16 and fp16 specs;
 // docs/MATH.md "Tensor-core backward"): the four GEMM-shaped products of the
 // non-causal backward run as mma.sync m16n8k16 with bf16 operands and fp32
-// accumulators; the feature map stays the fp32 code of feature_maps.cuh, and
+// accumulators, whatever the I/O dtype; the feature map stays the fp32 code of feature_maps.cuh, and
 // its Jacobian-transpose (with the parameter gradients) runs on tensor cores
 // for LUNA's neural map (feature_map_backward_mma.cuh), in fp32 otherwise.
 //
@@ -14,7 +14,9 @@
 // with G = dO / den and r = -(dO . o) / den computed in fp32 as the scalar
 // kernels do, ~ = rounded once to bf16, S~ = round(2^-a S) (a: exponent of the
 // block's max |S|; exact power-of-two scaling), and every sum fp32 in a fixed
-// order: the gradients are bitwise deterministic. The layouts: every 16-bit
+// order: the gradients are bitwise deterministic. V, exact in bf16 for bf16
+// I/O, is split into bf16 hi + lo for fp16 I/O (exact: fp16 has 11
+// significant bits), which adds one product per V operand. The layouts: every 16-bit
 // tile is token- or feature-major with rows padded by 8 elements (conflict-free
 // ldmatrix, layout.cuh); S~ (D, dv + 8) serves as the k-major B of Phi_k dS
 // (ldmatrix .trans) and as the n-major B of G S^T and V dS^T (ldmatrix without
@@ -109,15 +111,17 @@ LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, 
 
 template <class K>
 struct BackwardMmaTraits {
-  using T = typename K::T;
+  using T = typename K::T;  // the I/O dtype
+  using Op = __nv_bfloat16;  // the mma operands (hi + lo splits)
+  static constexpr bool kSplitV = !mma::IsSame<T, __nv_bfloat16>::value;  // fp16 V: hi + lo
   static constexpr int NW = K::threads / 32;
   static constexpr int Tk = K::block_tokens;
   static constexpr int PD = mma_row_halves(K::D), PV = mma_row_halves(K::dv);
   static constexpr MmaWarpTiling kDstate = mma_warp_tiling(KernelKind::state, K::D, K::dv, Tk, NW);
   static constexpr MmaWarpTiling kRowsByD = mma_warp_tiling(KernelKind::output, K::D, K::D, Tk, NW);   // dphi
   static constexpr MmaWarpTiling kRowsByDv = mma_warp_tiling(KernelKind::output, K::D, K::dv, Tk, NW); // dv
-  static_assert(mma::IsSame<T, __nv_bfloat16>::value,
-                "the tensor-core backward takes bf16 I/O; fp16 and fp32 specs use the scalar backward (can_implement)");
+  static_assert(!mma::IsSame<T, float>::value,
+                "the tensor-core backward takes bf16 or fp16 I/O; fp32 specs use the scalar backward (can_implement)");
   static_assert(!K::causal, "the tensor-core backward is the non-causal one (can_implement)");
   static_assert(K::D % 16 == 0 && K::dv % 16 == 0 && Tk % 16 == 0,
                 "the tensor-core backward needs D, dv and block_tokens multiples of 16 (can_implement)");
@@ -127,6 +131,7 @@ struct BackwardMmaTraits {
   static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
     BackwardDims p = BackwardTraits<K>::dims();
     p.jt_stage = FMB::kStageFloats;
+    p.split_v = kSplitV ? 1 : 0;
     return p;
   }
   static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
@@ -183,10 +188,11 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   }
   // Each operand as bf16 hi + lo: [dS | dz] = Phi_hi^T [G_hi | r_hi] + Phi_hi^T [G_lo | r_lo]
   // + Phi_lo^T [G_hi | r_hi] (the lo x lo term is below 2^-16 relative).
-  const T* phi_hi = reinterpret_cast<const T*>(smem + LM.phi_h);  // (Tk, PD)
-  const T* phi_lo = reinterpret_cast<const T*>(smem + LM.phi_lo);
-  const T* g_hi = reinterpret_cast<const T*>(smem + LM.a_h);  // (Tk, PV)
-  const T* g_lo = reinterpret_cast<const T*>(smem + LM.a_lo);
+  using Op = typename M::Op;
+  const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);  // (Tk, PD)
+  const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
+  const Op* g_hi = reinterpret_cast<const Op*>(smem + LM.a_h);  // (Tk, PV)
+  const Op* g_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
   unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
   unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
   __syncthreads();  // z
@@ -202,11 +208,11 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
       mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
     }
     __syncthreads();
-    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
         acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
-    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
         acc, zacc, phi_hi, g_lo, wm, wn, with_z, lane, mma_detail::WordsColumn{r_lo});
-    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
         acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
     __syncthreads();
   }
@@ -256,13 +262,14 @@ __global__ void __launch_bounds__(K::threads,
   // 2^-16 relative): fp32-level, since dphi(q) = S g + z r cancels (phi(q) .
   // dphi(q) = 0 for a normalized output) and a once-rounded product would carry
   // 2^-8 of |S g|, not of |dphi|.
-  const T* g_hi = reinterpret_cast<const T*>(smem + LM.a_h);
-  const T* g_lo = reinterpret_cast<const T*>(smem + LM.a_lo);
-  const T* s_hi = reinterpret_cast<const T*>(smem + LM.s_h);
-  const T* s_lo = reinterpret_cast<const T*>(smem + LM.s_lo);
-  const T* const as[3] = {g_hi, g_hi, g_lo};
-  const T* const bs[3] = {s_hi, s_lo, s_hi};
-  mma_detail::row_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
+  using Op = typename M::Op;
+  const Op* g_hi = reinterpret_cast<const Op*>(smem + LM.a_h);
+  const Op* g_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
+  const Op* s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
+  const Op* s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
+  const Op* const as[3] = {g_hi, g_hi, g_lo};
+  const Op* const bs[3] = {s_hi, s_lo, s_hi};
+  mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
       as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float v) {
         if (i < valid) dphi[i * D + f] = K::normalize ? fmaf(z[f], r[i], v * unscale) : v * unscale;
       });
@@ -312,29 +319,45 @@ __global__ void __launch_bounds__(K::threads,
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 0,
                            K::performer ? a.workspace[bh] : 0.0f};
   K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid, ctx);
-  mma_detail::round_rows<T, NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h), valid, Tk);  // exact
+  if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
+    mma_detail::split_rows<NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h),
+                                       reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
+  else
+    mma_detail::round_rows<T, NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h), valid, Tk);  // exact
   __syncthreads();
   mma_detail::split_rows<NT, D, PD>(phi, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                     reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // dS and phi(k) as bf16 hi + lo, V exact: V dS^T = V dS_hi^T + V dS_lo^T and
+  // dS and phi(k) as bf16 hi + lo, V exact (bf16 I/O: V, fp16: V_hi + V_lo):
+  // V dS^T = V dS_hi^T + V dS_lo^T (+ V_lo dS_hi^T) and
   // Phi_k dS = Phi_hi dS_hi + Phi_hi dS_lo + Phi_lo dS_hi.
-  const T* s_hi = reinterpret_cast<const T*>(smem + LM.s_h);
-  const T* s_lo = reinterpret_cast<const T*>(smem + LM.s_lo);
-  const T* v_h = reinterpret_cast<const T*>(smem + LM.a_h);
-  const T* phi_hi = reinterpret_cast<const T*>(smem + LM.phi_h);
-  const T* phi_lo = reinterpret_cast<const T*>(smem + LM.phi_lo);
-  const T* const vs[2] = {v_h, v_h};
-  const T* const ss[2] = {s_hi, s_lo};
-  const T* const phis[3] = {phi_hi, phi_hi, phi_lo};
-  const T* const dss[3] = {s_hi, s_lo, s_hi};
-  mma_detail::row_tile_products<T, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
-      vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, [&](int i, int f, float v) {
-        if (i < valid) dphi[i * D + f] = fmaf(v, unscale, dz[f]);
-      });
+  using Op = typename M::Op;
+  const Op* s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
+  const Op* s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
+  const Op* v_h = reinterpret_cast<const Op*>(smem + LM.a_h);
+  const Op* v_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);  // fp16 I/O only
+  const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);
+  const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
+  const Op* const phis[3] = {phi_hi, phi_hi, phi_lo};
+  const Op* const dss[3] = {s_hi, s_lo, s_hi};
+  const auto dphi_epi = [&](int i, int f, float v) {
+    if (i < valid) dphi[i * D + f] = fmaf(v, unscale, dz[f]);
+  };
+  if constexpr (M::kSplitV) {
+    const Op* const vs[3] = {v_h, v_h, v_lo};
+    const Op* const ss[3] = {s_hi, s_lo, s_hi};
+    mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
+        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
+  } else {
+    (void)v_lo;
+    const Op* const vs[2] = {v_h, v_h};
+    const Op* const ss[2] = {s_hi, s_lo};
+    mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
+        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
+  }
   T* dv_out = static_cast<T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
-  mma_detail::row_tile_products<T, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
+  mma_detail::row_tile_products<Op, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
       phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int i, int c, float v) {
         if (i < valid) dv_out[(long long)(t0 + i) * a.dv.stride_seq + c] = from_float<T>(v * unscale);
       });

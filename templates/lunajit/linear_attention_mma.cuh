@@ -161,15 +161,19 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
 
 // Tk: the token tile, K::block_tokens for the non-causal state pass, K::chunk
 // for the per-range states of the causal walk's super-chunk split (ranges
-// then start on chunk boundaries). kSplitPhi (the backward's state pass,
-// bf16): phi from the fp32 map split into bf16 hi + lo tiles and both
-// products summed, S = Phi_hi^T V + Phi_lo^T V, so that S is accurate to
-// 2^-16 relative instead of 2^-8 (docs/MATH.md "Tensor-core backward").
+// then start on chunk boundaries). kSplitPhi (the backward's state pass):
+// phi from the fp32 map split into bf16 hi + lo tiles and both products
+// summed, S = Phi_hi^T V + Phi_lo^T V, so that S is accurate to 2^-16
+// relative instead of 2^-8 (docs/MATH.md "Tensor-core backward"). Its
+// operands are bf16 whatever the I/O dtype: fp16 V, which bf16 holds exactly
+// only as hi + lo (11 significant bits), adds the product Phi_hi^T V_lo.
 template <class K, int Tk = K::block_tokens, bool kSplitPhi = false>
 LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
                                     const float* all_params, float key_stab, float* parts_base) {
   using Tr = KernelTraits<K>;
   using T = typename K::T;
+  static constexpr bool kSplitV = kSplitPhi && !mma::IsSame<T, __nv_bfloat16>::value;  // fp16 V
+  using Op = typename mma::Select<kSplitPhi, __nv_bfloat16, T>::type;                   // the mma operands
   constexpr int D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr int PD = mma_row_halves(D), PV = mma_row_halves(DVB);
   constexpr MmaWarpTiling W = mma_warp_tiling(KernelKind::state, D, DVB, Tk, NT / 32);
@@ -177,12 +181,12 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   static_assert(D % 16 == 0 && DVB % 16 == 0 && Tk % 16 == 0,
                 "mma kernels need D, dv_block and the token tile multiples of 16 (can_implement)");
   static_assert(W.fits, "warps do not tile the mma state product (can_implement)");
-  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk), kSplitPhi);
-  static_assert(!kSplitPhi || mma::IsSame<T, __nv_bfloat16>::value, "the hi + lo split is of bf16");
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk), kSplitPhi, kSplitV);
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const T* phi_h = reinterpret_cast<const T*>(smem + L.phi_h);  // (Tk, PD)
-  const T* phi_lo = reinterpret_cast<const T*>(smem + L.phi_lo);  // (Tk, PD), kSplitPhi
-  const T* v_h = reinterpret_cast<const T*>(smem + L.v_h);      // (Tk, PV)
+  const Op* phi_h = reinterpret_cast<const Op*>(smem + L.phi_h);  // (Tk, PD)
+  const Op* phi_lo = reinterpret_cast<const Op*>(smem + L.phi_lo);  // (Tk, PD), kSplitPhi
+  const Op* v_h = reinterpret_cast<const Op*>(smem + L.v_h);      // (Tk, PV)
+  const Op* v_lo = reinterpret_cast<const Op*>(smem + L.v_lo);    // (Tk, PV), kSplitV
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
   const TokenRange range = split_range<K>(seq, split, Tk);
@@ -191,7 +195,7 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
   const bool with_z = wn == 0 && blockIdx.z == 0;  // warp-uniform
-  const unsigned ones = mma_detail::pack2<T>(1.0f, 1.0f);
+  const unsigned ones = mma_detail::pack2<Op>(1.0f, 1.0f);
 
   float acc[W.m_tiles_per_warp][W.n_tiles_per_warp][4];
   float zacc[W.m_tiles_per_warp][4];
@@ -206,6 +210,7 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   }
   const T* vbase = static_cast<const T*>(v_in.data) + b * v_in.stride_batch + h * v_in.stride_head;
   unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
+  unsigned* v_lo_words = reinterpret_cast<unsigned*>(smem + L.v_lo);
   const MmaPhi<K> phi_map(params);  // the feature map's parameters, staged once per block
   for (int t0 = s0; t0 < s1; t0 += Tk) {
     const int valid = min(Tk, s1 - t0);
@@ -219,7 +224,10 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
         if (c0 + c < K::dv) lo = to_float(row[c]);
         if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
       }
-      v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
+      if constexpr (kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
+        mma_detail::split_bf16x2(lo, hi, v_words[(r * PV + c) / 2], v_lo_words[(r * PV + c) / 2]);
+      else
+        v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
     }
     __syncthreads();
     const FeatureContext ctx{params, t0, seq, 0, key_stab};
@@ -233,11 +241,14 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
                                 reinterpret_cast<unsigned*>(smem + L.phi_h), valid, Tk, ctx);
     }
     __syncthreads();
-    mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
         acc, zacc, phi_h, v_h, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
     if constexpr (kSplitPhi)
-      mma_detail::state_tile_products<T, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+      mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
           acc, zacc, phi_lo, v_h, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
+    if constexpr (kSplitV)  // z has had both of phi's halves: no ones column here
+      mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+          acc, zacc, phi_h, v_lo, wm, wn, /*with_z=*/false, lane, mma_detail::OnesColumn{ones});
     __syncthreads();
   }
   float* part = parts_base + ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
@@ -431,6 +442,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   const T* v_h = reinterpret_cast<const T*>(smem + L.v_h);          // (C, PV)
   const T* s_h = reinterpret_cast<const T*>(smem + L.s_h);          // (D, PV)
   unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
+  unsigned* v_lo_words = reinterpret_cast<unsigned*>(smem + L.v_lo);
   unsigned* s_words = reinterpret_cast<unsigned*>(smem + L.s_h);
   unsigned* z_words = reinterpret_cast<unsigned*>(smem + L.z_h);
   float* red = smem + L.reduce;

@@ -56,6 +56,9 @@ namespace lunajit::mma {
 
 template <class A, class B> struct IsSame { static constexpr bool value = false; };
 template <class A> struct IsSame<A, A> { static constexpr bool value = true; };
+// NVRTC has no <type_traits> without the host headers: Select<B, X, Y>::type is X when B, else Y.
+template <bool B, class X, class Y> struct Select { using type = X; };
+template <class X, class Y> struct Select<false, X, Y> { using type = Y; };
 
 // Packs two floats as a bf16x2 / f16x2 register: `lo` in bits 0..15.
 LUNAJIT_DEVICE unsigned pack_bf16x2(float lo, float hi) {

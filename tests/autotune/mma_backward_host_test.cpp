@@ -1,15 +1,16 @@
 // The tensor-core backward (TileConfig::mma on the non-causal backward of a
-// bf16 spec; templates/lunajit/linear_attention_backward_mma.cuh) on the host
-// backend, which executes mma.sync / ldmatrix lane-exactly, against the
-// double-precision reference's gradients: luna at its default, smallest and
-// largest mma backward configs, performer (key stabiliser), elu (D = d, no
-// parameters) and unnormalized luna; packed variable-length batches against
+// bf16 or fp16 spec; templates/lunajit/linear_attention_backward_mma.cuh) on
+// the host backend, which executes mma.sync / ldmatrix lane-exactly, against
+// the double-precision reference's gradients: luna at its default, smallest
+// and largest mma backward configs, performer (key stabiliser), elu (D = d, no
+// parameters) and unnormalized luna, in bf16; luna and performer in fp16 (V
+// split into bf16 hi + lo as well); packed variable-length batches against
 // the scalar kernels; the sanitizers under two thread orders with bitwise
 // equal gradients; and the knob's rules.
 //
 // Tolerance: check_backward's (autotune/validation.h: relative RMS 1e-2 for
-// dq, dk, dv, 3e-2 for the parameter gradients, bf16), as for every bf16
-// backward. The mma path splits every operand but V (exact in bf16) into bf16
+// dq, dk, dv, 3e-2 for the parameter gradients, bf16; its fp16 bounds for
+// fp16), as for every backward of that dtype. The mma path splits every operand but V (exact in bf16) into bf16
 // hi + lo and sums the three significant products, so each product is
 // accurate to about 2^-16 relative before fp32 sums (docs/MATH.md
 // "Tensor-core backward"); the error is then that of the scalar kernels
@@ -57,6 +58,7 @@ struct Case {
   Family family;
   bool normalize;
   bool every_size;  // also the smallest and largest mma configs
+  DType dtype = DType::bf16;
 };
 
 class MmaBackwardHost : public ::testing::TestWithParam<Case> {};
@@ -65,7 +67,7 @@ TEST_P(MmaBackwardHost, GradientsMatchTheReference) {
   const Case& cs = GetParam();
   AttentionSpec spec = default_spec(cs.family);
   spec.causal = false;
-  spec.dtype = DType::bf16;
+  spec.dtype = cs.dtype;
   spec.normalize = cs.normalize;
   const std::vector<TileConfig> space = mma_backward_configs(spec);
   ASSERT_FALSE(space.empty()) << "no mma backward config";
@@ -118,7 +120,9 @@ INSTANTIATE_TEST_SUITE_P(Families, MmaBackwardHost,
                          ::testing::Values(Case{"luna", Family::luna, true, true},
                                            Case{"luna_unnormalized", Family::luna, false, false},
                                            Case{"performer", Family::performer, true, false},
-                                           Case{"elu", Family::elu, true, false}),
+                                           Case{"elu", Family::elu, true, false},
+                                           Case{"luna_fp16", Family::luna, true, true, DType::fp16},
+                                           Case{"performer_fp16", Family::performer, true, false, DType::fp16}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Packed variable-length batches (cu_seqlens, docs/MATH.md §3): the same bf16
@@ -212,13 +216,14 @@ TEST(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
 // backward kernels, and the gradients are bitwise equal under both thread
 // orders (fixed-order sums, no atomics).
 TEST(MmaBackwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
-  for (Family family : {Family::luna, Family::performer}) {
+  for (auto [family, dtype] : {std::pair{Family::luna, DType::bf16}, std::pair{Family::performer, DType::bf16},
+                               std::pair{Family::luna, DType::fp16}}) {
     AttentionSpec spec = default_spec(family);
     spec.causal = false;
-    spec.dtype = DType::bf16;
+    spec.dtype = dtype;
     // 16-token tiles so that n = 33 spans three tiles (the last partial) and two splits.
     const TileConfig config = TileConfig(16, 4, 64, 64, 2).with_mma(true);
-    SCOPED_TRACE(std::string(to_string(family)) + " " + config.to_string());
+    SCOPED_TRACE(std::string(to_string(family)) + " " + std::string(to_string(dtype)) + " " + config.to_string());
     ASSERT_TRUE(can_implement(spec, config, sm90(), Pass::backward));
     CheckOptions opt;
     opt.shape = {1, 2, 33};
@@ -262,10 +267,10 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
   rejects(causal, default_config(causal, sm90(), Pass::backward).with_mma(true), "causal backward");
   AttentionSpec fp16 = spec;
   fp16.dtype = DType::fp16;
-  rejects(fp16, on, "bf16 only");
+  EXPECT_TRUE(can_implement(fp16, on, sm90(), Pass::backward));  // bf16 operands, V split
   AttentionSpec fp32 = spec;
   fp32.dtype = DType::fp32;
-  rejects(fp32, on, "bf16 only");
+  rejects(fp32, on, "bf16 or fp16");
   rejects(spec, TileConfig(8, 4, 64, 64, 4).with_mma(true), "multiples of 16");
   AttentionSpec odd_dv = spec;
   odd_dv.value_dim = 40;
@@ -281,21 +286,33 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
     const bool gemm = e.role == "state" || e.role == "dstate" || e.role == "dq" || e.role == "dkv";
     EXPECT_EQ(e.name_expression.rfind("lunajit::mma_", 0) == 0, gemm) << e.role << " " << e.name_expression;
   }
-  EXPECT_FALSE(generate(fp16, on, Pass::backward).ok());
+  EXPECT_TRUE(generate(fp16, on, Pass::backward).ok());
+  EXPECT_FALSE(generate(fp32, on, Pass::backward).ok());
   EXPECT_FALSE(generate(causal, on, Pass::backward).ok());
-  // The bf16 non-causal backward space holds both variants; fp16, fp32 and
-  // causal spaces have no mma backward configs.
-  const auto space = search_space(spec, Pass::backward, sm90());
-  const auto n_mma = std::count_if(space.begin(), space.end(), [](const TileConfig& c) { return c.mma(); });
-  EXPECT_GT(n_mma, 0);
-  EXPECT_LT(n_mma, static_cast<long>(space.size()));
-  EXPECT_TRUE(std::is_partitioned(space.begin(), space.end(), [](const TileConfig& c) { return !c.mma(); }));
-  for (const AttentionSpec& s : {fp16, fp32, causal})
+  // The bf16 and fp16 non-causal backward spaces hold both variants; fp32
+  // and causal spaces have no mma backward configs.
+  for (const AttentionSpec& s : {spec, fp16}) {
+    const auto space = search_space(s, Pass::backward, sm90());
+    const auto n_mma = std::count_if(space.begin(), space.end(), [](const TileConfig& c) { return c.mma(); });
+    EXPECT_GT(n_mma, 0);
+    EXPECT_LT(n_mma, static_cast<long>(space.size()));
+    EXPECT_TRUE(std::is_partitioned(space.begin(), space.end(), [](const TileConfig& c) { return !c.mma(); }));
+  }
+  for (const AttentionSpec& s : {fp32, causal})
     for (const auto& c : search_space(s, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
-  // The larger shared-memory tiles are counted by the plan.
-  for (const char* role : {"dstate", "dq", "dkv"})
+  // The larger shared-memory tiles are counted by the plan; fp16 stages V's
+  // low halves too (the state pass and dkv), the same bytes as bf16 elsewhere.
+  for (const char* role : {"state", "dstate", "dq", "dkv"})
     EXPECT_GT(dynamic_smem_bytes(spec, on, Pass::backward, role),
               dynamic_smem_bytes(spec, on.with_mma(false), Pass::backward, role))
+        << role;
+  const auto pv_bytes = [&](int rows) { return int64_t(2) * rows * (spec.value_dim + 8); };
+  EXPECT_EQ(dynamic_smem_bytes(fp16, on, Pass::backward, "dkv"),
+            dynamic_smem_bytes(spec, on, Pass::backward, "dkv") + pv_bytes(on.block_tokens()));
+  EXPECT_EQ(dynamic_smem_bytes(fp16, on, Pass::backward, "state"),
+            dynamic_smem_bytes(spec, on, Pass::backward, "state") + 2 * on.block_tokens() * (on.dv_block() + 8));
+  for (const char* role : {"dstate", "dq"})
+    EXPECT_EQ(dynamic_smem_bytes(fp16, on, Pass::backward, role), dynamic_smem_bytes(spec, on, Pass::backward, role))
         << role;
 }
 

@@ -418,6 +418,7 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   AttentionSpec fp16 = spec;
   fp16.dtype = DType::fp16;
   EXPECT_TRUE(default_config(fp16, sm90()).mma());
+  EXPECT_TRUE(default_config(fp16, sm90(), Pass::backward).mma());  // bf16 operands (mma_backward_host_test.cpp)
   EXPECT_TRUE(default_config(causal, sm90()).mma());
   // The non-causal bf16 backward has tensor-core kernels (mma_backward_host_test.cpp);
   // the causal one does not.

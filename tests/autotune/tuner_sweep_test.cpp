@@ -1,5 +1,6 @@
 // Every candidate in the tuner's default search space of the default LUNA spec
-// (forward and backward, causal and not) compiles with NVRTC for sm_90 and
+// (forward and backward, causal and not; and the fp16 non-causal backward,
+// whose tensor-core kernels differ from bf16's: V split) compiles with NVRTC for sm_90 and
 // passes the tuner's check on the host backend at a tiny shape: the forward
 // against the reference config's output (itself checked against the double
 // reference), the backward's gradients against the double reference. A
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 struct Case {
   bool causal;
   Pass pass;
+  DType dtype = DType::bf16;
 };
 
 class TunerSweep : public ::testing::TestWithParam<Case> {};
@@ -32,6 +34,7 @@ TEST_P(TunerSweep, EveryCandidateCompilesAndPassesTheCheck) {
   const bool full = mode != nullptr && std::strcmp(mode, "full") == 0;
   AttentionSpec spec = default_spec(Family::luna);
   spec.causal = GetParam().causal;
+  spec.dtype = GetParam().dtype;
   std::string tmpl = (fs::temp_directory_path() / "lunajit-sweep-XXXXXX").string();
   ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
   const Arch arch = arch_from_sm(90).value_or_throw();
@@ -53,8 +56,9 @@ TEST_P(TunerSweep, EveryCandidateCompilesAndPassesTheCheck) {
     ASSERT_EQ(r->size(), 1u);
     const TuneResult& res = r->front();
     // The tensor-core variant (TileConfig::mma) is in every sample of the
-    // bf16 forward, causal or not: the space lists it after the scalar configs.
-    if (GetParam().pass == Pass::forward)
+    // bf16 forward, causal or not (the space lists it after the scalar
+    // configs), and of the fp16 backward (its default config, always sampled).
+    if (GetParam().pass == Pass::forward || GetParam().dtype == DType::fp16)
       EXPECT_TRUE(std::any_of(res.candidates.begin(), res.candidates.end(),
                               [](const CandidateResult& c) { return c.config.mma(); }))
           << "no mma candidate was checked";
@@ -73,10 +77,12 @@ TEST_P(TunerSweep, EveryCandidateCompilesAndPassesTheCheck) {
 
 INSTANTIATE_TEST_SUITE_P(DefaultLuna, TunerSweep,
                          ::testing::Values(Case{false, Pass::forward}, Case{true, Pass::forward},
-                                           Case{false, Pass::backward}, Case{true, Pass::backward}),
+                                           Case{false, Pass::backward}, Case{true, Pass::backward},
+                                           Case{false, Pass::backward, DType::fp16}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.causal ? "causal_" : "noncausal_") +
-                                  std::string(to_string(i.param.pass));
+                                  std::string(to_string(i.param.pass)) +
+                                  (i.param.dtype == DType::fp16 ? "_fp16" : "");
                          });
 
 }  // namespace

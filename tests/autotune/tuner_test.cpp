@@ -84,11 +84,15 @@ TEST(EffectiveKnobs, PerPassAndCausality) {
   AttentionSpec f32 = s;
   f32.dtype = DType::fp32;
   EXPECT_EQ(effective_knobs(f32, Pass::forward).to_string(), "block_tokens, warps, dv_block, state_splits");
-  // The non-causal bf16 backward has tensor-core kernels too; fp32 does not.
+  // The non-causal bf16 (and fp16) backward has tensor-core kernels too; fp32 does not.
   EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(),
             "block_tokens, warps, dv_block, state_splits, phi_backward, mma");
   EXPECT_EQ(effective_knobs(f32, Pass::backward).to_string(),
             "block_tokens, warps, dv_block, state_splits, phi_backward");
+  AttentionSpec f16 = s;  // fp16: the tensor-core backward too (bf16 operands)
+  f16.dtype = DType::fp16;
+  EXPECT_EQ(effective_knobs(f16, Pass::backward).to_string(),
+            "block_tokens, warps, dv_block, state_splits, phi_backward, mma");
   s.causal = true;
   // state_splits: the super-chunk split of the tensor-core walk (mma configs only).
   EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "warps, dv_block, chunk, state_splits, mma");

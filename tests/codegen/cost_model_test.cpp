@@ -173,7 +173,7 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   }
   // The forward of a 16-bit spec has mma kernels, causal or not, except the
   // causal performer (its running stabiliser has no mma kernel); so does the
-  // non-causal bf16 backward, not the causal or fp16 one.
+  // non-causal bf16 or fp16 backward, not the causal one.
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::backward));
   AttentionSpec causal = s, fp32 = s, fp16 = s, causal_performer = default_spec(Family::performer);
@@ -182,7 +182,8 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   fp32.dtype = DType::fp32;
   fp16.dtype = DType::fp16;
   EXPECT_FALSE(uses_tensor_cores(causal, c, Pass::backward));
-  EXPECT_FALSE(uses_tensor_cores(fp16, c, Pass::backward));
+  EXPECT_TRUE(uses_tensor_cores(fp16, c, Pass::backward));
+  EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::backward));
   EXPECT_TRUE(uses_tensor_cores(causal, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(causal_performer, c, Pass::forward));
   EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::forward));
@@ -232,6 +233,23 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   EXPECT_FALSE(jacobian_on_tensor_cores(causal, c));
   d24.head_dim = 24;  // u = X W^T needs d in 16-column k-steps
   EXPECT_FALSE(jacobian_on_tensor_cores(d24, c));
+  // fp16 I/O: V is split into bf16 hi + lo too (one more term in the state
+  // pass and in V dS^T: 3 and (3 + 3) / 2), the operands are bf16, and the J^T
+  // keeps the fp32 code (jacobian_on_tensor_cores: bf16 only).
+  AttentionSpec h = s;
+  h.dtype = DType::fp16;
+  EXPECT_FALSE(jacobian_on_tensor_cores(h, c));
+  for (auto [role, gemm, terms] : {std::tuple{"dstate", N * (2 * D * dv + 2 * D), 3.0},
+                                   std::tuple{"dq", N * 2 * D * dv, 3.0},
+                                   std::tuple{"dkv", N * 4 * D * dv, 3.0},
+                                   std::tuple{"state", N * (2 * D * dv + D), 3.0}}) {
+    SCOPED_TRACE(std::string("fp16 ") + role);
+    const auto k = kernel_counts(h, c, Pass::backward, role, shape).value_or_throw();
+    const auto scalar = kernel_counts(h, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm);
+    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm);
+    EXPECT_EQ(k.tc_dtype, DType::bf16);
+  }
   const auto dq = kernel_counts(s, c, Pass::backward, "dq", shape).value_or_throw();
   // dq = phi's rule (282 per row, as the forward's state kernel) + the J^T's 130.25 + G S^T's 3 split terms.
   EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (282 + 130.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);

@@ -95,16 +95,18 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
   }
 }
 
-// The tensor-core backward (non-causal bf16, TileConfig::mma): for the default
-// LUNA spec's backward tiles with mma on, the state, dstate, dq and dkv
-// kernels contain mma.sync and ldmatrix and nothing spills on sm_80 and sm_90;
-// param_reduce (a fixed-order sum, not GEMM-shaped) has no mma.
+// The tensor-core backward (non-causal bf16 and fp16, TileConfig::mma): for
+// the default LUNA spec's backward tiles with mma on, the state, dstate, dq
+// and dkv kernels contain mma.sync and ldmatrix and nothing spills on sm_80
+// and sm_90; param_reduce (a fixed-order sum, not GEMM-shaped) has no mma.
+// The operands are bf16 for fp16 I/O too (V split into hi + lo): no f16 mma.
 TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
-  for (int sm : {80, 90}) {
+  for (auto [sm, dtype] : {std::pair{80, DType::bf16}, std::pair{90, DType::bf16}, std::pair{80, DType::fp16},
+                           std::pair{90, DType::fp16}}) {
     const Arch arch = arch_from_sm(sm).value_or_throw();
     AttentionSpec spec = default_spec(Family::luna);
     spec.causal = false;
-    spec.dtype = DType::bf16;
+    spec.dtype = dtype;
     const TileConfig config = default_config(spec, arch, Pass::backward).with_mma(true);
     ASSERT_TRUE(can_implement(spec, config, arch, Pass::backward));
     NvrtcOptions o;
@@ -118,9 +120,9 @@ TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
       for (const KernelEntry& e : src.entries)
         if (e.name_expression == res.name_expression) role = e.role;
       const Census c = census(entry_text(r->ptx, res.lowered_name));
-      std::printf("sm_%d bf16 backward %-12s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma "
+      std::printf("sm_%d %s backward %-12s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma "
                   "%4d ld.shared %4d ld.global %3d\n",
-                  sm, role.c_str(), res.name_expression.c_str(), res.registers,
+                  sm, std::string(to_string(dtype)).c_str(), role.c_str(), res.name_expression.c_str(), res.registers,
                   static_cast<long long>(dynamic_smem_bytes(spec, config, Pass::backward, role)), res.spill_stores, res.spill_loads,
                   c.mma, c.ldmatrix, c.fma, c.ld_shared, c.ld_global);
       EXPECT_EQ(res.spill_stores, 0) << res.name_expression;
@@ -136,6 +138,7 @@ TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
       }
     }
     EXPECT_NE(r->ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
+    EXPECT_EQ(r->ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), std::string::npos);
   }
 }
 
