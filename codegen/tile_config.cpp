@@ -288,6 +288,22 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
   for (int dvb : kDvBlockChoices)
     if (dvb < 2 * spec.value_dim || dvb == kDvBlockChoices[0]) dv_blocks.push_back(dvb);
   std::reverse(dv_blocks.begin(), dv_blocks.end());
+  // The non-causal backward on tensor cores takes 16-token tiles: its dq and
+  // dkv kernels stage a tile's phi, J^T operands and the state in shared memory
+  // (T64: 161 and 153 KB for the default LUNA spec, one block of 4 warps per
+  // SM, too few to hide the mma and ldmatrix latencies); T16 (70 and 68 KB)
+  // keeps 2 (sm_80) or 3 (sm_90) blocks resident. Predicted by the cost model
+  // for that spec at B 8, H 12, N 16384 (docs/ARCHITECTURE.md): H100 28.2 ->
+  // 12.8 ms, A100 56.1 -> 28.5 ms; no kernel spills on sm_80 or sm_90
+  // (tests/runtime_nvrtc). The forward keeps its larger tiles, which amortize
+  // the feature map's parameter staging over more tokens.
+  if (pass == Pass::backward && !spec.causal && spec.dtype != DType::fp32)
+    for (int dvb : dv_blocks)
+      for (int tokens : {16, 32, 64})
+        for (int warps : {4, 8, 2}) {
+          const TileConfig c = TileConfig(tokens, warps, dvb, 64, 4).with_mma(true);
+          if (can_implement(spec, c, arch, pass)) return c;
+        }
   for (int dvb : dv_blocks)
     for (int chunk : {64, 32, 16, 8})
       for (int tokens : {64, 32, 16, 8})

@@ -65,13 +65,16 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
         EXPECT_TRUE(can_implement(s, c, arch).ok()) << to_string(f) << " " << arch.name() << " " << c.to_string();
       }
   }
-  // The default LUNA spec (bf16) on sm_90 gets the largest tiles, on tensor
-  // cores in the forward and the non-causal backward; fp32 and the causal
-  // backward stay scalar.
+  // The default LUNA spec (bf16) on sm_90 gets the largest tiles in the
+  // forward, 16-token tiles in the non-causal backward (occupancy: the
+  // comment in default_config), both on tensor cores, on sm_80 too; fp32 and
+  // the causal backward stay scalar.
   AttentionSpec luna = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();
   EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 4, 64, 64, 4).with_mma(true));
-  EXPECT_EQ(default_config(luna, sm90, Pass::backward), TileConfig(64, 4, 64, 64, 4).with_mma(true));
+  EXPECT_EQ(default_config(luna, sm90, Pass::backward), TileConfig(16, 4, 64, 64, 4).with_mma(true));
+  EXPECT_EQ(default_config(luna, arch_from_sm(80).value_or_throw(), Pass::backward),
+            TileConfig(16, 4, 64, 64, 4).with_mma(true));
   AttentionSpec causal = luna;
   causal.causal = true;
   EXPECT_FALSE(default_config(causal, sm90, Pass::backward).mma());
