@@ -129,7 +129,8 @@ json results_json(const std::vector<TuneResult>& results) {
                        {"correct", c.correct},
                        {"rel_rms", c.rel_rms},
                        {"compile_seconds", c.compile_seconds},
-                       {"model_ms", c.model_ms}});
+                       {"model_ms", c.model_ms},
+                       {"spill_bytes", c.spill_bytes}});
     out.push_back({{"pass", to_string(r.pass)},
                    {"shape", {r.shape.batch, r.shape.heads, r.shape.seq}},
                    {"key", r.key.to_string()},

@@ -255,6 +255,7 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       }
       rows[i].compiled = true;
       rows[i].compile_seconds = compiled[i]->from_cache ? 0 : compiled[i]->compile_seconds;
+      for (const KernelResources& k : compiled[i]->resources) rows[i].spill_bytes += k.spill_stores + k.spill_loads;
       if (auto src = generate(spec, configs[i], pass)) usage[i] = usage_by_role(*src, *compiled[i]);
     }
     for (size_t i = 0; i < configs.size(); ++i)
@@ -372,9 +373,16 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
         best = std::min(best, c.ms);
       }
       // The fastest correct candidate; ties (and rejected ones) to the earlier.
+      // Model-ranked, spilling candidates only when nothing else is correct
+      // (tuner.h).
       const CandidateResult* winner = nullptr;
-      for (const CandidateResult& c : res.candidates)
-        if (c.correct && c.status == "ok" && (winner == nullptr || c.ms < winner->ms)) winner = &c;
+      for (bool allow_spills : {measure, true}) {
+        for (const CandidateResult& c : res.candidates)
+          if (c.correct && c.status == "ok" && (allow_spills || c.spill_bytes == 0) &&
+              (winner == nullptr || c.ms < winner->ms))
+            winner = &c;
+        if (winner != nullptr) break;
+      }
       if (winner == nullptr) {
         std::string why;
         for (size_t i = 0; i < res.candidates.size() && i < 3; ++i)

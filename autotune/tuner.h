@@ -19,7 +19,12 @@
 //      given ("measured"), else by the static cost model with the ptxas
 //      resources of step 2 ("model-ranked"); the fastest correct candidate
 //      wins, ties to the earlier candidate, so every rank of a job that tunes
-//      the same way picks the same config.
+//      the same way picks the same config. Model-ranked, a candidate whose
+//      kernels spill (ptxas) wins only when every correct candidate spills:
+//      the model cannot price local-memory traffic, and ptxas's register
+//      choice for the small tiles it favours sometimes spills (T16.w8 on
+//      sm_90: the backward state kernel at 64 registers, 16 B). Measured
+//      times include the spills' cost and are taken as they are.
 // Shapes whose bucket is already in the database are served from it without
 // compiling anything (unless `retune`). Each (pass, shape) is stored in the
 // database the moment it is decided, so a tune that is stopped resumes where
@@ -88,6 +93,7 @@ struct CandidateResult {
   std::string status;           // "ok", "wrong output: ...", "compile failed: ...", "slow (rejected early)",
                                 // "pruned (model rank r of n)"
   double model_ms = 0;          // step 1's pre-ranking prediction at the first pending shape (0 when exhaustive)
+  int spill_bytes = 0;          // ptxas spill stores + loads over the candidate's kernels (step 2)
 };
 
 struct TuneResult {
