@@ -297,10 +297,27 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
   // 12.8 ms, A100 56.1 -> 28.5 ms; no kernel spills on sm_80 or sm_90
   // (tests/runtime_nvrtc). The forward keeps its larger tiles, which amortize
   // the feature map's parameter staging over more tokens.
-  if (pass == Pass::backward && !spec.causal && spec.dtype != DType::fp32)
+  if (pass == Pass::backward && !spec.causal && spec.dtype != DType::fp32) {
     for (int dvb : dv_blocks)
       for (int tokens : {16, 32, 64})
         for (int warps : {4, 8, 2}) {
+          const TileConfig c = TileConfig(tokens, warps, dvb, 64, 4).with_mma(true);
+          if (can_implement(spec, c, arch, pass)) return c;
+        }
+  }
+  // The non-causal forward on tensor cores takes 8 warps: its output kernel
+  // (68 KB at T64 for the default LUNA spec) keeps 3 blocks per SM on sm_90
+  // and 2 on sm_80, 12 or 8 warps with 4 a block against 24 or 16 with 8.
+  // Predicted by the cost model for that spec at B 8, H 12, N 16384
+  // (docs/ARCHITECTURE.md): H100 0.379 -> 0.337 ms, A100 1.019 -> 0.512 ms;
+  // no spills on sm_80 or sm_90 (tests/runtime_nvrtc). Not the causal
+  // forward: its chunk kernel holds 8 warps per SM either way (255 registers
+  // at 4 warps, 2 blocks; 211 at 8, one block), and what 8 warps gain at
+  // this shape is wave quantization, which changes with batch x heads.
+  if (pass == Pass::forward && !spec.causal && spec.dtype != DType::fp32)
+    for (int dvb : dv_blocks)
+      for (int tokens : {64, 32, 16, 8})
+        for (int warps : {8, 4, 2}) {
           const TileConfig c = TileConfig(tokens, warps, dvb, 64, 4).with_mma(true);
           if (can_implement(spec, c, arch, pass)) return c;
         }

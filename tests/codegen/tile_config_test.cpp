@@ -66,12 +66,18 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
       }
   }
   // The default LUNA spec (bf16) on sm_90 gets the largest tiles in the
-  // forward, 16-token tiles in the non-causal backward (occupancy: the
-  // comment in default_config), both on tensor cores, on sm_80 too; fp32 and
-  // the causal backward stay scalar.
+  // forward (8 warps non-causal, 4 causal), 16-token tiles in the non-causal
+  // backward (occupancy: the comments in default_config), all on tensor
+  // cores, on sm_80 too; fp32 and the causal backward stay scalar.
   AttentionSpec luna = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();
-  EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 4, 64, 64, 4).with_mma(true));
+  EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 8, 64, 64, 4).with_mma(true));
+  EXPECT_EQ(default_config(luna, arch_from_sm(80).value_or_throw()), TileConfig(64, 8, 64, 64, 4).with_mma(true));
+  {
+    AttentionSpec c = luna;
+    c.causal = true;
+    EXPECT_EQ(default_config(c, sm90), TileConfig(64, 4, 64, 64, 4).with_mma(true));
+  }
   EXPECT_EQ(default_config(luna, sm90, Pass::backward), TileConfig(16, 4, 64, 64, 4).with_mma(true));
   EXPECT_EQ(default_config(luna, arch_from_sm(80).value_or_throw(), Pass::backward),
             TileConfig(16, 4, 64, 64, 4).with_mma(true));
