@@ -288,39 +288,34 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
   for (int dvb : kDvBlockChoices)
     if (dvb < 2 * spec.value_dim || dvb == kDvBlockChoices[0]) dv_blocks.push_back(dvb);
   std::reverse(dv_blocks.begin(), dv_blocks.end());
-  // The non-causal backward on tensor cores takes 16-token tiles: its dq and
-  // dkv kernels stage a tile's phi, J^T operands and the state in shared memory
-  // (T64: 161 and 153 KB for the default LUNA spec, one block of 4 warps per
-  // SM, too few to hide the mma and ldmatrix latencies); T16 (70 and 68 KB)
-  // keeps 2 (sm_80) or 3 (sm_90) blocks resident. Predicted by the cost model
-  // for that spec at B 8, H 12, N 16384 (docs/ARCHITECTURE.md): H100 28.2 ->
-  // 12.8 ms, A100 56.1 -> 28.5 ms; no kernel spills on sm_80 or sm_90
-  // (tests/runtime_nvrtc). The forward keeps its larger tiles, which amortize
-  // the feature map's parameter staging over more tokens.
-  if (pass == Pass::backward && !spec.causal && spec.dtype != DType::fp32) {
+  // The non-causal passes of a bf16/fp16 spec on tensor cores search their
+  // own tile orders first (chunk 64, 4 splits, mma on); the first that
+  // can_implement accepts is the default:
+  // - backward: 16-token tiles first. Its dq and dkv kernels stage a tile's
+  //   phi, J^T operands and the state in shared memory (T64: 161 and 153 KB
+  //   for the default LUNA spec, one block of 4 warps per SM, too few to hide
+  //   the mma and ldmatrix latencies); T16 (70 and 68 KB) keeps 2 (sm_80) or
+  //   3 (sm_90) blocks resident. Predicted (docs/ARCHITECTURE.md, that spec
+  //   at B 8, H 12, N 16384): H100 28.2 -> 12.8 ms, A100 56.1 -> 28.5 ms.
+  // - forward: the largest tiles, 8 warps first. Its output kernel (68 KB at
+  //   T64) keeps 3 blocks per SM on sm_90 and 2 on sm_80, 12 or 8 warps with
+  //   4 a block against 24 or 16 with 8. Predicted: H100 0.379 -> 0.337 ms,
+  //   A100 1.019 -> 0.512 ms. Not the causal forward: its chunk kernel holds
+  //   8 warps per SM either way (255 registers at 4 warps, 2 blocks; 211 at
+  //   8, one block), and what 8 warps gain at that shape is wave
+  //   quantization, which changes with batch x heads.
+  // No kernel of either spills on sm_80 or sm_90 (tests/runtime_nvrtc).
+  if (!spec.causal && spec.dtype != DType::fp32 && pass != Pass::feature_map) {
+    const bool bwd = pass == Pass::backward;
+    const std::vector<int> tokens_order = bwd ? std::vector<int>{16, 32, 64} : std::vector<int>{64, 32, 16, 8};
+    const std::vector<int> warps_order = bwd ? std::vector<int>{4, 8, 2} : std::vector<int>{8, 4, 2};
     for (int dvb : dv_blocks)
-      for (int tokens : {16, 32, 64})
-        for (int warps : {4, 8, 2}) {
+      for (int tokens : tokens_order)
+        for (int warps : warps_order) {
           const TileConfig c = TileConfig(tokens, warps, dvb, 64, 4).with_mma(true);
           if (can_implement(spec, c, arch, pass)) return c;
         }
   }
-  // The non-causal forward on tensor cores takes 8 warps: its output kernel
-  // (68 KB at T64 for the default LUNA spec) keeps 3 blocks per SM on sm_90
-  // and 2 on sm_80, 12 or 8 warps with 4 a block against 24 or 16 with 8.
-  // Predicted by the cost model for that spec at B 8, H 12, N 16384
-  // (docs/ARCHITECTURE.md): H100 0.379 -> 0.337 ms, A100 1.019 -> 0.512 ms;
-  // no spills on sm_80 or sm_90 (tests/runtime_nvrtc). Not the causal
-  // forward: its chunk kernel holds 8 warps per SM either way (255 registers
-  // at 4 warps, 2 blocks; 211 at 8, one block), and what 8 warps gain at
-  // this shape is wave quantization, which changes with batch x heads.
-  if (pass == Pass::forward && !spec.causal && spec.dtype != DType::fp32)
-    for (int dvb : dv_blocks)
-      for (int tokens : {64, 32, 16, 8})
-        for (int warps : {8, 4, 2}) {
-          const TileConfig c = TileConfig(tokens, warps, dvb, 64, 4).with_mma(true);
-          if (can_implement(spec, c, arch, pass)) return c;
-        }
   for (int dvb : dv_blocks)
     for (int chunk : {64, 32, 16, 8})
       for (int tokens : {64, 32, 16, 8})
