@@ -210,6 +210,7 @@ struct Split {
   double tc_terms = 1;    // tensor cores: mmas per useful product (the backward's bf16 hi/lo split: 2 or 3)
   double jt_tc = 0;       // a counted J^T on tensor cores: its mma FLOPs (executed)
   double jt_wave = 0;     // a counted J^T on tensor cores: its wavefronts
+  double fp32_tiles = 0;  // tensor-core kernels: fp32 products on conflict-free shared tiles beside the mmas
 };
 
 void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F,
@@ -232,7 +233,11 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
     k.tc_dtype = s.dtype;
     k.tc_flops += sp.jt_tc;
     k.cuda_flops = k.flops - k.tc_flops;
-    k.smem_wavefronts = fm_wave + sp.jt_wave + sp.product * sp.tc_terms * e * 64 / (2 * 32 * 32) / 128;
+    // (sp.fp32_tiles: fp32 products beside the mma ones, the chunk-parallel
+    // causal backward's intra-chunk terms: two operands per FMA, one
+    // wavefront per 32 FLOPs as the scalar rule below.)
+    k.smem_wavefronts = fm_wave + sp.jt_wave + sp.product * sp.tc_terms * e * 64 / (2 * 32 * 32) / 128 +
+                        sp.fp32_tiles / 32;
   } else {
     k.tc_flops = 0;
     k.cuda_flops = k.flops;
@@ -248,7 +253,8 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
                                      const ProblemShape& shape, bool tensor) {
   const double BH = double(shape.batch) * shape.heads, N = shape.seq;
   const double d = s.head_dim, dv = s.value_dim, D = s.feature_dim(), e = dtype_bytes(s.dtype);
-  const double splits = c.state_splits(), nt = ceil_div(N, c.block_tokens());
+  const bool tiles = causal_backward_tiles(s, c, Pass::backward);  // chunk-parallel causal (tensor cores)
+  const double splits = c.state_splits(), nt = ceil_div(N, tiles ? c.chunk() : c.block_tokens());
   const bool learned = has_learned_params(s);
   const double P = double(param_layout(s).per_head_floats), Hp = s.params_per_head ? shape.heads : 1;
   const double params = 4.0 * P * Hp;
@@ -298,6 +304,34 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // fp16 I/O (V split into bf16 hi + lo).
     sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2.5;
     sp.sfu = BH * N * (sfu_row + jsfu);
+  } else if (role == "state_scan" || role == "dstate_scan") {
+    // Each thread walks one entry of (S, z) or (dS, dz) through the chunk
+    // partials (read and written once), loads 8 chunks ahead.
+    k.bytes = 2 * 4 * BH * nt * part + 4 * BH * part * (role == "dstate_scan" ? 2 : 1);
+    k.flops = BH * nt * part;
+    sp.product = 0;
+    k.serial_steps = std::ceil(nt / 8);
+  } else if (tiles && (role == "causal_dq" || role == "causal_dkv")) {
+    // Chunk-parallel on tensor cores, per chunk of cc tokens: the inter-chunk
+    // products on mma (dq: G S^T, three split terms, and the chunk's
+    // Phi_q^T [G | r], three; dkv: V dS^T two or three, Phi_k dS three), the
+    // intra-chunk C x C terms fp32 on CUDA cores over the row-major fp32
+    // tiles (conflict-free: rotated dot products, padded score rows).
+    const bool dq = role == "causal_dq";
+    k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params +
+              2 * 4 * BH * nt * part * (dq ? 1 : 0.5) + (learned ? 4 * P * BH * nt : 0);
+    const double C = c.chunk(), cc = std::min(C, N), tri_all = nt * cc * (cc + 1) / 2;  // rows x kept columns
+    const double intra = tri_all * (2 * D + 2 * dv + 1) + tri_all * (dq ? 2 * D + norm : 2 * D + 2 * dv);
+    const double inter = dq ? 2 * N * D * dv + 2 * N * D * (dv + 1) : 4 * N * D * dv;
+    const double J = dq ? Jq : Jk;
+    k.flops = BH * (N * (Fq + Fk + grad_row + (dq ? den_row + D * norm : D) + J) + intra + inter);
+    sp.fm = BH * N * (Fq + Fk + (jt_tc ? 0 : J));
+    sp.jt_tc = jt_tc ? BH * N * (dq ? JQ : JK).tc_flops : 0;
+    sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts : 0;
+    sp.product = BH * inter;
+    sp.tc_terms = dq ? 3 : (s.dtype == DType::fp16 ? 3 : 2.5);
+    sp.fp32_tiles = BH * intra;
+    sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));
   } else if (role == "causal_dq" || role == "causal_dkv") {
     const bool dq = role == "causal_dq";
     k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params + stab_read +
@@ -331,7 +365,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.serial_steps = ceil_div(N, C);
   } else {  // param_reduce
     if (!learned) return Error::invalid("param_reduce: this feature map learns no parameters");
-    const double slots = 2 * BH * (s.causal ? 1 : nt);
+    const double slots = 2 * BH * (s.causal && !tiles ? 1 : nt);
     k.bytes = 4 * P * slots + 4 * P * Hp;
     k.flops = P * slots;
   }
@@ -352,9 +386,10 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // and fp16 one (bf16 operands) (templates/lunajit/linear_attention_backward_mma.cuh: the state pass
   // as the forward's, and the dstate, dq and dkv products; the feature map
   // stays on CUDA cores, its J^T moves to mma for LUNA's neural map,
-  // jacobian_on_tensor_cores); the causal backward is scalar.
+  // jacobian_on_tensor_cores); the causal backward (not the performer's) is
+  // chunk-parallel with the same inter-chunk products and fp32 intra-chunk terms.
   if (!config.mma() || spec.dtype == DType::fp32) return false;
-  if (pass == Pass::backward) return !spec.causal;
+  if (pass == Pass::backward) return !(spec.causal && spec.family == Family::performer);
   return pass == Pass::forward && !(spec.causal && spec.family == Family::performer);
 }
 
@@ -389,7 +424,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
                                    const ProblemShape& shape) {
   if (auto st = validate(shape); !st) return st.error();
   const bool backward_role = role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
-                             role == "causal_dkv" || role == "param_reduce";
+                             role == "causal_dkv" || role == "param_reduce" || role == "state_scan" ||
+                             role == "dstate_scan";
   const bool forward_only_role = role == "feature_map" || role == "output" || role == "causal_chunk";
   if (backward_role && pass != Pass::backward)
     return Error::invalid(fmt::format("{}: a backward kernel (pass = backward)", role));
@@ -406,7 +442,9 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
   const double Fq = feature_map_flops_per_token(s, true), Fk = feature_map_flops_per_token(s, false);
   const double sfu_row = feature_map_sfu_per_token(s);
   const double norm = s.normalize ? 1 : 0;
-  const double partials = 4 * BH * splits * (D * dv + D);
+  // The chunk-parallel causal backward's state pass writes one partial per chunk.
+  const double parts = causal_backward_tiles(s, c, pass) ? ceil_div(N, c.chunk()) : splits;
+  const double partials = 4 * BH * parts * (D * dv + D);
   KernelCounts k;
   k.role = std::string(role);
   Split sp;
@@ -467,7 +505,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     }
   } else {
     return Error::invalid(fmt::format("kernel = {}: no cost formula (known: feature_map, key_stab, state, output, "
-                                      "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, param_reduce)",
+                                      "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, state_scan, dstate_scan, "
+                                      "param_reduce)",
                                       role));
   }
   const bool tc_phi = role != "feature_map" && role != "key_stab" && feature_map_on_tensor_cores(s, c, pass);

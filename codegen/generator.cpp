@@ -19,13 +19,15 @@ std::string_view element_type(DType t) {
   return "float";
 }
 
-std::string_view pass_summary(const AttentionSpec& s, Pass p) {
+std::string_view pass_summary(const AttentionSpec& s, const TileConfig& c, Pass p) {
   switch (p) {
     case Pass::feature_map: return "feature map alone: phi(x) written as fp32";
     case Pass::forward:
       return s.causal ? "causal forward, fused chunks (causal_chunk_kernel)"
                       : "non-causal forward, state pass + output pass";
     case Pass::backward:
+      if (s.causal && c.mma())
+        return "causal backward, chunk-parallel: chunk states and their prefix, dq, suffix, dk and dv";
       return s.causal ? "causal backward: forward scan for dq, reverse scan for dk, dv"
                       : "non-causal backward: state, dstate, dq and dkv passes";
   }
@@ -40,7 +42,8 @@ bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p != Pass::featur
 
 bool mma_role(Pass p, std::string_view role) {
   if (p == Pass::forward) return role == "state" || role == "output" || role == "causal_chunk";
-  return role == "state" || role == "dstate" || role == "dq" || role == "dkv";
+  return role == "state" || role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
+         role == "causal_dkv";
 }
 
 std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c, Pass p) {
@@ -62,9 +65,11 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
                                       "performer (the fp32 forward and the causal performer's running key "
                                       "stabiliser have no tensor-core kernels)",
                                       config.to_string()));
-  if (config.mma() && pass == Pass::backward && (spec.dtype == DType::fp32 || spec.causal))
-    return Error::invalid(fmt::format("config {}: mma = true in the backward needs a non-causal bf16 or fp16 spec "
-                                      "(the causal and fp32 backwards have no tensor-core kernels)",
+  if (config.mma() && pass == Pass::backward &&
+      (spec.dtype == DType::fp32 || (spec.causal && spec.family == Family::performer)))
+    return Error::invalid(fmt::format("config {}: mma = true in the backward needs a bf16 or fp16 spec other than "
+                                      "the causal performer (the fp32 backward and the causal performer's running "
+                                      "key stabiliser have no tensor-core kernels)",
                                       config.to_string()));
 
   const std::string hash = spec_hash(spec);
@@ -79,7 +84,7 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
   const ParamLayout params = param_layout(spec);
   std::string& c = src.code;
   c += "// lunajit generated kernel source: do not edit; regenerate with `lunajit emit`.\n";
-  c += fmt::format("// pass:   {} ({})\n", to_string(pass), pass_summary(spec, pass));
+  c += fmt::format("// pass:   {} ({})\n", to_string(pass), pass_summary(spec, config, pass));
   c += fmt::format("// spec:   {}\n", canonical_json(spec));
   c += fmt::format("// config: {} {}\n", config.to_string(), config.to_json().dump());
   c += "// kernels (NVRTC name expressions):\n";
@@ -102,6 +107,7 @@ Result<KernelSource> generate(const AttentionSpec& spec, const TileConfig& confi
   c += fmt::format("  static constexpr int chunk = {};\n", config.chunk());
   c += fmt::format("  static constexpr int state_splits = {};\n", config.state_splits());
   c += fmt::format("  static constexpr bool causal = {};\n", spec.causal);
+  c += fmt::format("  static constexpr bool mma = {};\n", uses_mma(config, pass));
   c += fmt::format("  static constexpr bool normalize = {};\n", spec.normalize);
   c += fmt::format("  static constexpr float eps = {};\n", float_literal(spec.eps));
   c += fmt::format("  static constexpr bool params_per_head = {};\n", spec.params_per_head);

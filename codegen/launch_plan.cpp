@@ -85,10 +85,20 @@ bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pa
   return spec.causal && pass == Pass::forward && config.mma() && config.state_splits() > 1;
 }
 
+bool causal_backward_tiles(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  return spec.causal && pass == Pass::backward && config.mma();
+}
+
 std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, const TileConfig& config) {
   std::vector<std::string> roles = kernel_roles(spec, pass);
   if (causal_super_chunks(spec, config, pass))
     roles.insert(std::find(roles.begin(), roles.end(), "causal_chunk"), "state");
+  if (causal_backward_tiles(spec, config, pass)) {
+    // Per-chunk states, their prefix, dq (+ the chunks' dS), the suffix, dk and dv.
+    auto at = std::find(roles.begin(), roles.end(), "causal_dq");
+    at = roles.insert(at, {"state", "state_scan"}) + 3;
+    roles.insert(at, "dstate_scan");
+  }
   return roles;
 }
 
@@ -117,27 +127,29 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       running_max(spec),
                       /*jt_stage=*/0,
                       // The tensor-core backward stages fp16 V as bf16 hi + lo.
-                      c.mma() && spec.dtype == DType::fp16 ? 1 : 0};
+                      c.mma() && spec.dtype == DType::fp16 ? 1 : 0,
+                      // The tensor-core causal kernels pad the scores' rows by one float.
+                      c.mma() && spec.causal ? 1 : 0};
 }
 }  // namespace
 
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& c, int seq) {
   const BackwardDims p = backward_dims(spec, c);
-  const BackwardWorkspace w =
-      backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens, p.param_floats, p.running_max);
+  const BackwardWorkspace w = backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
+                                                 p.param_floats, p.running_max, spec.causal && c.mma());
   return 4 * w.total;
 }
 
 bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& c) {
   const LunaOptions& o = spec.luna;
-  return c.mma() && !spec.causal && spec.dtype == DType::bf16 && spec.family == Family::luna &&
+  return c.mma() && spec.dtype == DType::bf16 && spec.family == Family::luna &&
          o.variant == LunaVariant::neural && o.shared_channels && spec.head_dim % 16 == 0 && o.mlp_width % 16 == 0 &&
          o.channels % 8 == 0;
 }
 
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass pass, std::string_view role) {
-  // The tensor-core backward (non-causal; can_implement): the scalar tiles plus 16-bit operand tiles.
-  if (c.mma() && !spec.causal) {
+  // The tensor-core backward (can_implement): the scalar tiles plus 16-bit operand tiles.
+  if (c.mma() && pass == Pass::backward) {
     BackwardDims p = backward_dims(spec, c);
     if (jacobian_on_tensor_cores(spec, c))
       p.jt_stage =
@@ -145,7 +157,10 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
     if (role == "dstate") return backward_mma_smem_layout(BackwardKind::dstate, p).bytes();
     if (role == "dq") return backward_mma_smem_layout(BackwardKind::dq, p).bytes();
     if (role == "dkv") return backward_mma_smem_layout(BackwardKind::dkv, p).bytes();
+    if (role == "causal_dq") return backward_mma_smem_layout(BackwardKind::causal_dq, p).bytes();
+    if (role == "causal_dkv") return backward_mma_smem_layout(BackwardKind::causal_dkv, p).bytes();
   }
+  if (role == "state_scan" || role == "dstate_scan") return 0;
   if (role == "dstate") return backward_smem_layout(BackwardKind::dstate, backward_dims(spec, c)).bytes();
   if (role == "dq") return backward_smem_layout(BackwardKind::dq, backward_dims(spec, c)).bytes();
   if (role == "dkv") return backward_smem_layout(BackwardKind::dkv, backward_dims(spec, c)).bytes();
@@ -215,7 +230,16 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       if (performer) add("key_stab", {static_cast<unsigned>(bh), 1, 1});
       const BackwardDims p = backward_dims(spec, c);
       const unsigned tiles = ceil_div(shape.seq, c.block_tokens());
-      if (spec.causal) {
+      if (causal_backward_tiles(spec, c, pass)) {
+        // Chunk-parallel on tensor cores (linear_attention_backward_mma.cuh).
+        const unsigned chunks = ceil_div(shape.seq, c.chunk());
+        const unsigned entries = ceil_div(int64_t(p.D) * p.dv + p.D, c.threads());
+        add("state", {static_cast<unsigned>(bh), chunks, dv_blocks});
+        add("state_scan", {static_cast<unsigned>(bh), entries, 1});
+        add("causal_dq", {chunks, static_cast<unsigned>(bh), 1});
+        add("dstate_scan", {static_cast<unsigned>(bh), entries, 1});
+        add("causal_dkv", {chunks, static_cast<unsigned>(bh), 1});
+      } else if (spec.causal) {
         add("causal_dq", {static_cast<unsigned>(bh), 1, 1});
         add("causal_dkv", {static_cast<unsigned>(bh), 1, 1});
       } else {
@@ -228,9 +252,10 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         const unsigned blocks = spec.params_per_head ? static_cast<unsigned>(shape.heads) : 1u;
         add("param_reduce", {ceil_div(p.param_floats, c.threads()), blocks, 1});
       }
-      plan.workspace_floats = backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv,
-                                                 spec.causal, p.tokens, p.param_floats, p.running_max)
-                                  .total;
+      plan.workspace_floats =
+          backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
+                             p.param_floats, p.running_max, causal_backward_tiles(spec, c, pass))
+              .total;
       break;
     }
   }

@@ -45,11 +45,15 @@ struct LaunchPlan {
 std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass);
 // The same for one config: a causal forward on tensor cores with
 // state_splits > 1 (the super-chunk split) runs "state" (per-range states)
-// before "causal_chunk".
+// before "causal_chunk"; the causal backward on tensor cores runs "state"
+// (per-chunk states), "state_scan", "causal_dq", "dstate_scan", "causal_dkv".
 std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, const TileConfig& config);
 // Whether a config's causal forward walks its chunks in state_splits ranges
 // (mma_causal_chunk_kernel seeded with the earlier ranges' states).
 bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pass pass);
+// Whether a config's causal backward is the chunk-parallel one on tensor cores
+// (per-chunk states, state_scan / dstate_scan, grid (chunks, batch*heads)).
+bool causal_backward_tiles(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // The kernel template a role instantiates ("state_kernel"; the backward's
 // state pass is "backward_state_kernel").

@@ -30,24 +30,25 @@ std::string list(const int (&choices)[N]) {
 
 
 // The tensor-core backward (templates/lunajit/linear_attention_backward_mma.cuh):
-// non-causal bf16 and fp16 specs (bf16 operands either way); its kernels work over the whole dv (dstate, dq, dkv)
-// and over dv_block (the state pass, the forward's mma_state_block).
+// bf16 and fp16 specs (bf16 operands either way) but the causal performer; its kernels work over the whole dv
+// (dstate, dq, dkv) and over dv_block (the state pass, the forward's mma_state_block). The causal one is
+// chunk-parallel: its token tile is the chunk.
 Status can_implement_mma_backward(const AttentionSpec& spec, const TileConfig& c) {
   const std::string name = c.to_string();
-  if (spec.causal)
-    return Error::invalid(fmt::format("{}: mma = true: the causal backward has no tensor-core kernels yet (only "
-                                      "the non-causal one); use mma = false",
+  if (spec.causal && spec.family == Family::performer)
+    return Error::invalid(fmt::format("{}: mma = true: the causal performer's backward (running key stabiliser, "
+                                      "docs/MATH.md §2) has no tensor-core kernels; use mma = false",
                                       name));
   if (spec.dtype == DType::fp32)
     return Error::invalid(fmt::format("{}: mma = true: the backward runs on tensor cores for dtype bf16 or fp16 "
                                       "(fp32 keeps the exact path); dtype = {}; use mma = false",
                                       name, to_string(spec.dtype)));
-  const int D = spec.feature_dim(), dv = spec.value_dim, tokens = c.block_tokens();
+  const int D = spec.feature_dim(), dv = spec.value_dim, tokens = spec.causal ? c.chunk() : c.block_tokens();
+  const char* tile = spec.causal ? "chunk" : "block_tokens";
   if (D % 16 != 0 || dv % 16 != 0 || c.dv_block() % 16 != 0 || tokens % 16 != 0)
     return Error::invalid(fmt::format("{}: mma = true (backward) needs the feature dim D, value_dim, dv_block and "
-                                      "block_tokens multiples of 16; D = {}, value_dim = {}, dv_block = {}, "
-                                      "block_tokens = {}",
-                                      name, D, dv, c.dv_block(), tokens));
+                                      "{} multiples of 16; D = {}, value_dim = {}, dv_block = {}, {} = {}",
+                                      name, tile, D, dv, c.dv_block(), tile, tokens));
   struct Product {
     const char* kernel;
     KernelKind kind;
@@ -316,16 +317,27 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
           if (can_implement(spec, c, arch, pass)) return c;
         }
   }
+  // The causal backward of a bf16/fp16 spec (not the performer) runs
+  // chunk-parallel on tensor cores: one block per chunk, so small chunks
+  // (16 tokens: 85 KB of shared memory for the default LUNA spec, 2 blocks
+  // per SM) and 8 warps first. Predicted (docs/ARCHITECTURE.md, B 8, H 12,
+  // N 16384, H100): the scalar scans' 328 ms -> 25.7 ms.
+  if (spec.causal && pass == Pass::backward && spec.dtype != DType::fp32 && spec.family != Family::performer)
+    for (int dvb : dv_blocks)
+      for (int chunk : {16, 32, 64})
+        for (int warps : {8, 4, 2}) {
+          const TileConfig c = TileConfig(64, warps, dvb, chunk, 4).with_mma(true);
+          if (can_implement(spec, c, arch, pass)) return c;
+        }
   for (int dvb : dv_blocks)
     for (int chunk : {64, 32, 16, 8})
       for (int tokens : {64, 32, 16, 8})
         for (int warps : {4, 8, 2, 1}) {
           TileConfig c(tokens, warps, dvb, chunk, 4);
           if (!can_implement(spec, c, arch, pass)) continue;
-          // The forward and the non-causal backward of a bf16/fp16 spec run
-          // on tensor cores by default (the same tiles with mma on, where the
-          // mma kernels implement them); fp32 specs and the causal backward
-          // keep the scalar kernels.
+          // The forward of a bf16/fp16 spec runs on tensor cores by default
+          // (the same tiles with mma on, where the mma kernels implement
+          // them); fp32 specs and the causal performer keep the scalar kernels.
           if (pass != Pass::feature_map && spec.dtype != DType::fp32 &&
               can_implement(spec, c.with_mma(true), arch, pass))
             return c.with_mma(true);

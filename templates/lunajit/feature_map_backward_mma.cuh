@@ -48,7 +48,8 @@ struct MmaJacobianSupport<LunaFeatureMap<Opt>, __nv_bfloat16> {
                                 Opt::d % 16 == 0 && Opt::mlp_width % 16 == 0 && Opt::channels % 8 == 0;
 };
 
-template <class K, bool kMma = MmaJacobianSupport<typename K::FeatureMap, typename K::T>::value>
+// TK: the token tile (K::block_tokens, or K::chunk in the causal backward).
+template <class K, int TK, bool kMma = MmaJacobianSupport<typename K::FeatureMap, typename K::T>::value>
 struct MmaFeatureBackward {
   static constexpr bool kTensorCores = false;
   static constexpr int kStageFloats = 0;
@@ -61,15 +62,15 @@ struct MmaFeatureBackward {
   }
 };
 
-template <class K>
-struct MmaFeatureBackward<K, true> {
+template <class K, int TK>
+struct MmaFeatureBackward<K, TK, true> {
   using FM = typename K::FeatureMap;
   using FB = FeatureMapBackward<FM>;
   using Opt = typename FM::Options;
   using T = typename K::T;
   static constexpr bool kTensorCores = true;
   static constexpr int d = FM::d, M = FM::M, L = FM::L, Hm = FM::Hm, D = FM::D;
-  static constexpr int NW = K::threads / 32, Tk = K::block_tokens;
+  static constexpr int NW = K::threads / 32, Tk = TK;
   static constexpr int PD = mma_row_halves(D), PH = mma_row_halves(Hm), PX = mma_row_halves(d);
   static constexpr int NL = L / 8, KH = Hm / 16, NJ = Hm / 8, KP = d / 16, NP = (M + 7) / 8;
   static constexpr int S = FB::kScratchPerRow;  // [denv, u_0..u_{M-1}, du_0..du_{M-1}]

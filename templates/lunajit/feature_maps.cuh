@@ -39,6 +39,20 @@ LUNAJIT_DEVICE float dot(const float* __restrict__ a, const float* __restrict__ 
   return s;
 }
 
+// dot(a, b, N) summed from element rot % N round to rot % N - 1: threads
+// that read rows at an N-float stride with different rot then start in
+// different shared-memory banks (a fixed order per (rot): deterministic).
+template <int N>
+LUNAJIT_DEVICE float dot_rotated(const float* __restrict__ a, const float* __restrict__ b, int rot) {
+  float s = 0.0f;
+  int k = rot % N;
+  for (int n = 0; n < N; ++n) {
+    s = fmaf(a[k], b[k], s);
+    k = k + 1 == N ? 0 : k + 1;
+  }
+  return s;
+}
+
 template <Act A>
 LUNAJIT_DEVICE float activation(float x) {
   if constexpr (A == Act::relu) return fmaxf(x, 0.0f);

@@ -263,6 +263,7 @@ struct BackwardDims {
   int running_max = 0;  // 1: causal performer (kstab, kmax, qsum, vsum tiles)
   int jt_stage = 0;     // floats of the tensor-core J^T's staging (luna_jt_stage_floats), 0: none
   int split_v = 0;      // 1: fp16 I/O on tensor cores: V staged as bf16 hi + lo (a_lo in dkv)
+  int score_pad = 0;    // causal scores' row stride t + score_pad (1: the tensor-core causal kernels)
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
@@ -292,7 +293,7 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   l.v = off;        off = align4(off + (keys || causal ? t * p.dv : 0));      // (t, dv)
   l.dout = off;     off = align4(off + (queries ? t * p.dv : 0));             // (t, dv), becomes g
   l.o = off;        off = align4(off + (queries ? t * p.dv : 0));             // (t, dv)
-  l.scores = off;   off = align4(off + (causal ? 2 * t * t : 0));             // A and B (t, t) each
+  l.scores = off;   off = align4(off + (causal ? 2 * t * (t + p.score_pad) : 0));  // A, B (t, t + score_pad) each
   l.den = off;      off = align4(off + (queries ? t : 0));
   l.r = off;        off = align4(off + (queries ? t : 0));
   l.scratch = off;  off = align4(off + t * p.scratch);
@@ -316,6 +317,10 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
 //           r_h, r_lo (t) = r
 //   dq:     a_h, a_lo = g, s_h, s_lo (D, dv + 8) = 2^-a S, reduce (one float per warp)
 //   dkv:    phi_h, phi_lo = phi(k), a_h = v (exact), s_h, s_lo = 2^-a dS, reduce
+//   causal_dq:  as dq, plus phi_h, phi_lo = phi(q) and r_h, r_lo = r (the
+//               chunk's [dS | dz] partial, Phi_q^T [G | r], fused into it)
+//   causal_dkv: as dkv (over the causal kernels' tiles: phi(q), phi(k), the
+//               C x C scores)
 struct BackwardMmaSmem {
   BackwardSmem base;
   int phi_h, phi_lo, a_h, a_lo, s_h, s_lo, r_h, r_lo, reduce;  // floats
@@ -327,15 +332,17 @@ struct BackwardMmaSmem {
 LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardKind kind, BackwardDims p) {
   BackwardMmaSmem l{backward_smem_layout(kind, p), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const int t = p.tokens;
-  const bool phi = kind == BackwardKind::dstate || kind == BackwardKind::dkv;
-  const bool state = kind == BackwardKind::dq || kind == BackwardKind::dkv;
-  const bool g = kind == BackwardKind::dstate || kind == BackwardKind::dq;
-  const bool r = kind == BackwardKind::dstate;
+  const bool keys = kind == BackwardKind::dkv || kind == BackwardKind::causal_dkv;
+  const bool queries = kind == BackwardKind::dq || kind == BackwardKind::causal_dq;
+  const bool phi = kind == BackwardKind::dstate || keys || kind == BackwardKind::causal_dq;
+  const bool state = queries || keys;
+  const bool g = kind == BackwardKind::dstate || queries;
+  const bool r = kind == BackwardKind::dstate || kind == BackwardKind::causal_dq;
   int off = l.base.total;
   l.phi_h = off;  off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
   l.phi_lo = off; off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
   l.a_h = off;    off = align4(off + (t * mma_row_halves(p.dv) + 1) / 2);
-  l.a_lo = off;   off = align4(off + (g || (kind == BackwardKind::dkv && p.split_v) ? (t * mma_row_halves(p.dv) + 1) / 2 : 0));
+  l.a_lo = off;   off = align4(off + (g || (keys && p.split_v) ? (t * mma_row_halves(p.dv) + 1) / 2 : 0));
   l.s_h = off;    off = align4(off + (state ? (p.D * mma_row_halves(p.dv) + 1) / 2 : 0));
   l.s_lo = off;   off = align4(off + (state ? (p.D * mma_row_halves(p.dv) + 1) / 2 : 0));
   l.r_h = off;    off = align4(off + (r ? (t + 1) / 2 : 0));
@@ -361,14 +368,17 @@ LUNAJIT_HOST_DEVICE constexpr int luna_jt_stage_floats(int tokens, int d, int D,
 }
 
 // Blocks that write a partial parameter gradient: per (batch, head), one per
-// query tile and one per key tile (non-causal), or one query and one key
-// block (causal).
-LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq, bool causal, int tokens) {
-  return causal ? 2LL * batch_heads : 2LL * batch_heads * ((seq + tokens - 1) / tokens);
+// query tile and one per key tile (non-causal and the chunk-parallel causal
+// backward on tensor cores), or one query and one key block (the causal scans).
+LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq, bool causal, int tokens,
+                                                      bool causal_tiles = false) {
+  return causal && !causal_tiles ? 2LL * batch_heads : 2LL * batch_heads * ((seq + tokens - 1) / tokens);
 }
 
 // Workspace of the backward pass (floats): key stabiliser, state partials and
-// their gradients (non-causal), per-token denominators (causal), per-token
+// their gradients (non-causal: one per split; the chunk-parallel causal
+// backward, causal_tiles: one per chunk, turned into the exclusive prefix
+// S_<c and suffix dS_>c in place), per-token denominators (causal), per-token
 // running key maxima M_i (causal performer), and one partial parameter
 // gradient per block that maps dphi back (slots).
 struct BackwardWorkspace {
@@ -377,16 +387,19 @@ struct BackwardWorkspace {
 
 LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_heads, int seq, int splits, int D,
                                                                   int dv, bool causal, int tokens,
-                                                                  int param_floats, bool running_max = false) {
+                                                                  int param_floats, bool running_max = false,
+                                                                  bool causal_tiles = false) {
   BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0};
-  const long long part = (long long)batch_heads * splits * ((long long)D * dv + D);
+  const int parts = causal_tiles ? (seq + tokens - 1) / tokens : splits;
+  const bool states = !causal || causal_tiles;
+  const long long part = (long long)batch_heads * parts * ((long long)D * dv + D);
   w.stab = 0;
   w.state = (batch_heads + 3) / 4 * 4;
-  w.dstate = w.state + (causal ? 0 : part);
-  w.den = w.dstate + (causal ? 0 : part);
+  w.dstate = w.state + (states ? part : 0);
+  w.den = w.dstate + (states ? part : 0);
   w.kmax = w.den + (causal ? (long long)batch_heads * seq : 0);
   w.slots = w.kmax + (causal && running_max ? (long long)batch_heads * seq : 0);
-  w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens) * (long long)param_floats;
+  w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens, causal_tiles) * (long long)param_floats;
   return w;
 }
 

@@ -33,13 +33,16 @@ struct BackwardTraits {
   static constexpr int kTokens = K::causal ? K::chunk : K::block_tokens;
   static constexpr int kParamFloats = kLearned ? K::param_floats : 0;
   static constexpr bool kRunningMax = K::performer && K::causal;  // per-row key stabiliser
+  // The chunk-parallel causal backward on tensor cores (linear_attention_backward_mma.cuh):
+  // per-chunk state partials scanned in place, one parameter slot per chunk.
+  static constexpr bool kCausalTiles = K::causal && K::mma;
   static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
     return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
                         kParamFloats, kRunningMax ? 1 : 0};
   }
   static LUNAJIT_DEVICE BackwardWorkspace workspace(const Problem& p) {
     return backward_workspace(p.batch * p.heads, p.seq, K::state_splits, K::D, K::dv, K::causal, kTokens,
-                              kParamFloats, kRunningMax);
+                              kParamFloats, kRunningMax, kCausalTiles);
   }
 };
 
@@ -735,6 +738,69 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_sme
     write_slot<K>(dparams, a.workspace + w.slots + (long long)(bh_count + bh) * Tr::kParamFloats);
 }
 
+// The chunk-parallel causal backward (Tr::kCausalTiles): the per-chunk
+// partials [chunks][D*dv + D] of one (batch, head), written by the state pass
+// (S_c, z_c) or the causal dq kernel (dS_c, dz_c), become in place the
+// exclusive prefix S_<c = S_0 + sum_{c' < c} S_c' (S_0 the carried initial
+// state, else 0) or suffix dS_>c = dS_T + sum_{c' > c} dS_c' (dS_T the
+// upstream gradient of the final state, else 0). Each thread walks its
+// entries' chunks in order: fixed-order fp32 sums, as the scalar scans.
+// The suffix scan also writes dS_>=0, the gradient of the initial state.
+// Grid (batch*heads, ceil((D*dv + D) / threads)).
+template <class K, bool kReverse>
+LUNAJIT_DEVICE void causal_state_scan(const float* seed_S, const float* seed_z, float* out_S, float* out_z,
+                                      float* parts, int bh, int chunks) {
+  constexpr long long kPart = (long long)K::D * K::dv + K::D;
+  const int e = blockIdx.y * K::threads + threadIdx.x;
+  if (e >= kPart) return;
+  const bool in_S = e < K::D * K::dv;
+  const float* seed = in_S ? seed_S : seed_z;
+  const long long at = in_S ? (long long)bh * K::D * K::dv + e : (long long)bh * K::D + (e - K::D * K::dv);
+  float run = seed != nullptr ? seed[at] : 0.0f;
+  float* col = parts + (long long)bh * chunks * kPart + e;
+  // kBatch loads in flight before their stores: the walk waits on memory
+  // ceil(chunks / kBatch) times, not chunks times (the sums stay in order).
+  constexpr int kBatch = 8;
+  for (int i0 = 0; i0 < chunks; i0 += kBatch) {
+    float x[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u, c = kReverse ? chunks - 1 - i : i;
+      x[u] = i < chunks ? col[(long long)c * kPart] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u, c = kReverse ? chunks - 1 - i : i;
+      if (i < chunks) {
+        col[(long long)c * kPart] = run;
+        run += x[u];
+      }
+    }
+  }
+  float* out = in_S ? out_S : out_z;
+  if (out != nullptr) out[at] = run;
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) state_scan_kernel(const BackwardArgs a) {
+  if constexpr (BackwardTraits<K>::kCausalTiles) {
+    const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
+    const int chunks = (a.problem.seq + K::chunk - 1) / K::chunk;
+    causal_state_scan<K, false>(a.initial_S, a.initial_z, nullptr, nullptr, a.workspace + w.state, blockIdx.x,
+                                chunks);
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) dstate_scan_kernel(const BackwardArgs a) {
+  if constexpr (BackwardTraits<K>::kCausalTiles) {
+    const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
+    const int chunks = (a.problem.seq + K::chunk - 1) / K::chunk;
+    causal_state_scan<K, true>(a.dfinal_S, a.dfinal_z, a.dinitial_S, a.dinitial_z, a.workspace + w.dstate,
+                               blockIdx.x, chunks);
+  }
+}
+
 // dparams[block][p] = sum of the slots of that parameter block, in a fixed
 // order (side, batch, head, tile). Grid (ceil(param_floats / threads), blocks).
 template <class K>
@@ -746,7 +812,7 @@ __global__ void __launch_bounds__(K::threads) param_reduce_kernel(const Backward
     if (p >= PF) return;
     const BackwardWorkspace w = Tr::workspace(a.problem);
     const int heads = a.problem.heads, bh_count = a.problem.batch * heads;
-    const int tiles = K::causal ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
+    const int tiles = K::causal && !Tr::kCausalTiles ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
     const int hb = blockIdx.y;
     const float* slots = a.workspace + w.slots;
     float s = 0.0f;

@@ -115,23 +115,25 @@ struct BackwardMmaTraits {
   using Op = __nv_bfloat16;  // the mma operands (hi + lo splits)
   static constexpr bool kSplitV = !mma::IsSame<T, __nv_bfloat16>::value;  // fp16 V: hi + lo
   static constexpr int NW = K::threads / 32;
-  static constexpr int Tk = K::block_tokens;
+  static constexpr int Tk = BackwardTraits<K>::kTokens;  // block_tokens, or chunk (causal)
   static constexpr int PD = mma_row_halves(K::D), PV = mma_row_halves(K::dv);
   static constexpr MmaWarpTiling kDstate = mma_warp_tiling(KernelKind::state, K::D, K::dv, Tk, NW);
   static constexpr MmaWarpTiling kRowsByD = mma_warp_tiling(KernelKind::output, K::D, K::D, Tk, NW);   // dphi
   static constexpr MmaWarpTiling kRowsByDv = mma_warp_tiling(KernelKind::output, K::D, K::dv, Tk, NW); // dv
   static_assert(!mma::IsSame<T, float>::value,
                 "the tensor-core backward takes bf16 or fp16 I/O; fp32 specs use the scalar backward (can_implement)");
-  static_assert(!K::causal, "the tensor-core backward is the non-causal one (can_implement)");
+  static_assert(!K::causal || !K::performer,
+                "the causal performer (running key stabiliser) has no tensor-core backward (can_implement)");
   static_assert(K::D % 16 == 0 && K::dv % 16 == 0 && Tk % 16 == 0,
                 "the tensor-core backward needs D, dv and block_tokens multiples of 16 (can_implement)");
   static_assert(kDstate.fits && kRowsByD.fits && kRowsByDv.fits,
                 "warps do not tile the tensor-core backward's products (can_implement)");
-  using FMB = MmaFeatureBackward<K>;  // the J^T: on tensor cores for LUNA's neural map, else fp32
+  using FMB = MmaFeatureBackward<K, Tk>;  // the J^T: on tensor cores for LUNA's neural map, else fp32
   static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
     BackwardDims p = BackwardTraits<K>::dims();
     p.jt_stage = FMB::kStageFloats;
     p.split_v = kSplitV ? 1 : 0;
+    p.score_pad = K::causal ? 1 : 0;
     return p;
   }
   static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
@@ -145,9 +147,10 @@ __global__ void __launch_bounds__(K::threads) mma_backward_state_kernel(const Ba
   const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
   const SeqSpan sp = sequence_span(args.cu_seqlens, blockIdx.x / args.problem.heads, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
-  mma_state_block<K, K::block_tokens, /*kSplitPhi=*/true>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k,
-                                                           a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f,
-                                                           a.workspace + w.state);
+  // Causal: one partial per chunk (grid y = chunks), scanned into S_<c by state_scan_kernel.
+  mma_state_block<K, BackwardMmaTraits<K>::Tk, /*kSplitPhi=*/true, /*kTiles=*/K::causal>(
+      Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params,
+      K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
 }
 
 // [dS | dz] partials over this block's share of the queries: Phi_q~^T [G~ | r~].
@@ -368,6 +371,274 @@ __global__ void __launch_bounds__(K::threads,
   if constexpr (Tr::kLearned)
     write_slot<K>(dparams, a.workspace + w.slots +
                                ((long long)(bh_count + bh) * gridDim.x + blockIdx.x) * Tr::kParamFloats);
+}
+
+// ------------------------------------------------------------------ causal
+// The causal backward on tensor cores, chunk-parallel (docs/MATH.md "Tensor-core
+// causal backward"): every chunk of C = K::chunk tokens is a block of its own,
+// grid (chunks, batch*heads), seeded with the exclusive prefix S_<c, z_<c (for
+// dq) or suffix dS_>c, dz_>c (for dk, dv) of the per-chunk states:
+//   mma_backward_state_kernel  (S_c, z_c) per chunk (kTiles), grid (bh, chunks, dv blocks)
+//   state_scan_kernel          -> S_<c (+ the carried initial state) in place
+//   mma_causal_dq_kernel       den, g, r; dphi(q) = 2^a G S~_<c^T + r z_<c^T + sum_{j<=i in c} B_ij phi(k_j);
+//                              the chunk's (dS_c, dz_c) = Phi_q^T [G | r] on mma
+//   dstate_scan_kernel         -> dS_>c (+ dS_T) in place; writes dS_>=0
+//   mma_causal_dkv_kernel      dphi(k) = 2^a V dS~_>c^T + dz_>c + sum_{i>=j in c} B_ij phi(q_i),
+//                              dv = 2^a Phi_k dS~_>c + sum_{i>=j in c} A_ij g_i
+// with A_ij = phi(q_i) . phi(k_j), B_ij = v_j . g_i + r_i as the scalar scans.
+// The inter-chunk products are the non-causal dq/dkv products (bf16 hi + lo
+// splits, fp32 accumulation); the intra-chunk C x C terms stay fp32 on CUDA
+// cores, added in the products' epilogues. Fixed-order sums everywhere: the
+// gradients are bitwise deterministic. Not the causal performer (its running
+// key stabiliser; can_implement).
+template <class K>
+__global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
+                                                  BackwardMmaTraits<K>::layout(BackwardKind::causal_dq).bytes()))
+    mma_causal_dq_kernel(const BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using M = BackwardMmaTraits<K>;
+  using T = typename K::T;
+  using Op = typename M::Op;
+  constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV;
+  constexpr MmaWarpTiling W = M::kRowsByD, WS = M::kDstate;
+  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::causal_dq);
+  constexpr BackwardSmem L = LM.base;
+  constexpr long long kPart = (long long)D * DV + D;
+  static_assert(Tr::kCausalTiles, "the chunk-parallel causal backward");
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int chunk = blockIdx.x, chunks = gridDim.x;
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const long long ws_seq = args.problem.seq;  // per-token workspace rows: the longest length
+  // A chunk past the end of a shorter packed sequence has no rows but still
+  // writes its (zero) dS partial and parameter-gradient slot.
+  const int seq = sp.len, t0 = chunk * C, valid = max(0, min(C, seq - t0));
+  float* z = smem + L.z;
+  float* phi_q = smem + L.phi_q;
+  float* phi_k = smem + L.phi_k;
+  float* v = smem + L.v;
+  float* g = smem + L.dout;
+  // A and B (C, CS): one padding float per row, so the epilogues' column
+  // walks (rows g = 0..7 of a fragment) fall in different banks.
+  constexpr int CS = C + 1;
+  float* A = smem + L.scores;
+  float* B = smem + L.scores + C * CS;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* dphi = smem + L.dphi;
+  float* dparams = smem + L.dparams;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
+      a.workspace + w.state + ((long long)bh * chunks + chunk) * kPart, smem + L.state, z,
+      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+  __syncthreads();
+  K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, FeatureContext{params, t0, seq, 0, 0.0f});
+  __syncthreads();
+  const FeatureContext ctx{params, t0, seq, 1, 0.0f};
+  load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+  load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+  __syncthreads();
+  K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, ctx);
+  __syncthreads();
+  for (int e = threadIdx.x; e < valid * valid; e += NT) {
+    const int i = e / valid, j = e - i * valid;
+    // Rotated by j: the lanes' phi(k) rows (a D-float stride) start in different banks.
+    A[i * CS + j] = j <= i ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, j) : 0.0f;
+  }
+  __syncthreads();
+  // den_i = phi(q_i) . z_<c + sum_{j<=i in c} A_ij + eps, kept for the dkv kernel.
+  for (int i = threadIdx.x; i < valid; i += NT) {
+    float s = 1.0f;
+    if constexpr (K::normalize) {
+      s = fm::dot_rotated<D>(phi_q + i * D, z, i) + K::eps;
+      for (int j = 0; j <= i; ++j) s += A[i * CS + j];
+      a.workspace[w.den + bh * ws_seq + t0 + i] = s;
+    }
+    den[i] = s;
+  }
+  __syncthreads();
+  query_gradients<K>(g, smem + L.o, den, r, valid);
+  for (int e = threadIdx.x; e < valid * valid; e += NT) {
+    const int i = e / valid, j = e - i * valid;
+    B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, j) + r[i] : 0.0f;
+  }
+  unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
+  unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
+  mma_detail::split_rows<NT, DV, PV>(g, reinterpret_cast<unsigned*>(smem + LM.a_h),
+                                     reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, C);
+  mma_detail::split_rows<NT, D, PD>(phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
+                                    reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, C);
+  for (int e = threadIdx.x; e < C / 2; e += NT) {
+    const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;
+    mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Op* g_hi = reinterpret_cast<const Op*>(smem + LM.a_h);
+  const Op* g_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
+  const Op* s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
+  const Op* s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
+  {  // dphi(q): inter-chunk on mma (as mma_dq_kernel), intra-chunk fp32 in the epilogue
+    const Op* const as[3] = {g_hi, g_hi, g_lo};
+    const Op* const bs[3] = {s_hi, s_lo, s_hi};
+    mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
+        as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float x) {
+          if (i < valid) {
+            float s = K::normalize ? fmaf(z[f], r[i], x * unscale) : x * unscale;
+            for (int j = 0; j <= i; ++j) s = fmaf(B[i * CS + j], phi_k[j * D + f], s);
+            dphi[i * D + f] = s;
+          }
+        });
+  }
+  {  // The chunk's [dS_c | dz_c] = Phi_q^T [G | r], hi + lo as mma_dstate_kernel.
+    const int wm = warp % WS.warps_m, wn = warp / WS.warps_m;
+    const bool with_z = wn == 0;  // warp-uniform: the dz tile
+    float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
+    float zacc[WS.m_tiles_per_warp][4];
+#pragma unroll
+    for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < WS.n_tiles_per_warp; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+    }
+    const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);
+    const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
+    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
+    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_hi, g_lo, wm, wn, with_z, lane, mma_detail::WordsColumn{r_lo});
+    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
+    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp>(
+        acc, zacc, a.workspace + w.dstate + ((long long)bh * chunks + chunk) * kPart, D, DV, 0, wm, wn, with_z, lane);
+  }
+  __syncthreads();
+  M::FMB::template backward<NT>(smem + L.x, phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                smem + L.dx, dparams, smem + LM.jt);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
+  if constexpr (Tr::kLearned)
+    write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh * chunks + chunk) * Tr::kParamFloats);
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
+                                                  BackwardMmaTraits<K>::layout(BackwardKind::causal_dkv).bytes()))
+    mma_causal_dkv_kernel(const BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using M = BackwardMmaTraits<K>;
+  using T = typename K::T;
+  using Op = typename M::Op;
+  constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV;
+  constexpr MmaWarpTiling WD = M::kRowsByD, WV = M::kRowsByDv;
+  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::causal_dkv);
+  constexpr BackwardSmem L = LM.base;
+  constexpr long long kPart = (long long)D * DV + D;
+  static_assert(Tr::kCausalTiles, "the chunk-parallel causal backward");
+  float* smem = reinterpret_cast<float*>(dynamic_smem());
+  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const int chunk = blockIdx.x, chunks = gridDim.x;
+  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const BackwardArgs a = sequence_args<K>(args, sp);
+  const long long ws_seq = args.problem.seq;
+  const int seq = sp.len, t0 = chunk * C, valid = max(0, min(C, seq - t0));
+  const int bh_count = a.problem.batch * a.problem.heads;
+  float* dz = smem + L.z;
+  float* phi_q = smem + L.phi_q;
+  float* phi_k = smem + L.phi_k;
+  float* v = smem + L.v;
+  float* g = smem + L.dout;
+  constexpr int CS = C + 1;  // A and B rows padded as in mma_causal_dq_kernel
+  float* A = smem + L.scores;
+  float* B = smem + L.scores + C * CS;
+  float* den = smem + L.den;
+  float* r = smem + L.r;
+  float* dphi = smem + L.dphi;
+  float* dparams = smem + L.dparams;
+  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
+      a.workspace + w.dstate + ((long long)bh * chunks + chunk) * kPart, smem + L.state, dz,
+      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  const float* params = KernelTraits<K>::head_params(a.params, h);
+  load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+  load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
+  for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
+  __syncthreads();
+  K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, FeatureContext{params, t0, seq, 1, 0.0f});
+  __syncthreads();
+  load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+  __syncthreads();
+  const FeatureContext ctx{params, t0, seq, 0, 0.0f};
+  K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, ctx);
+  query_gradients<K>(g, smem + L.o, den, r, valid);  // ends with a barrier: phi(k) is visible
+  for (int e = threadIdx.x; e < valid * valid; e += NT) {
+    const int i = e / valid, j = e - i * valid;
+    const bool on = i >= j;
+    A[i * CS + j] = on ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, j) : 0.0f;
+    B[i * CS + j] = on ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, j) + r[i] : 0.0f;
+  }
+  if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
+    mma_detail::split_rows<NT, DV, PV>(v, reinterpret_cast<unsigned*>(smem + LM.a_h),
+                                       reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, C);
+  else
+    mma_detail::round_rows<T, NT, DV, PV>(v, reinterpret_cast<unsigned*>(smem + LM.a_h), valid, C);  // exact
+  mma_detail::split_rows<NT, D, PD>(phi_k, reinterpret_cast<unsigned*>(smem + LM.phi_h),
+                                    reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, C);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Op* s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
+  const Op* s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
+  const Op* v_h = reinterpret_cast<const Op*>(smem + LM.a_h);
+  const Op* v_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);  // fp16 I/O only
+  const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);
+  const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
+  const auto dphi_epi = [&](int j, int f, float x) {
+    if (j < valid) {
+      float s = fmaf(x, unscale, dz[f]);
+      for (int i = j; i < valid; ++i) s = fmaf(B[i * CS + j], phi_q[i * D + f], s);
+      dphi[j * D + f] = s;
+    }
+  };
+  if constexpr (M::kSplitV) {
+    const Op* const vs[3] = {v_h, v_h, v_lo};
+    const Op* const ss[3] = {s_hi, s_lo, s_hi};
+    mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
+        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
+  } else {
+    (void)v_lo;
+    const Op* const vs[2] = {v_h, v_h};
+    const Op* const ss[2] = {s_hi, s_lo};
+    mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
+        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
+  }
+  T* dv_out = static_cast<T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
+  const Op* const phis[3] = {phi_hi, phi_hi, phi_lo};
+  const Op* const dss[3] = {s_hi, s_lo, s_hi};
+  mma_detail::row_tile_products<Op, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
+      phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int j, int c, float x) {
+        if (j < valid) {
+          float s = x * unscale;
+          for (int i = j; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * DV + c], s);
+          dv_out[(long long)(t0 + j) * a.dv.stride_seq + c] = from_float<T>(s);
+        }
+      });
+  __syncthreads();
+  M::FMB::template backward<NT>(smem + L.x, phi_k, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
+                                smem + L.dx, dparams, smem + LM.jt);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
+  if constexpr (Tr::kLearned)
+    write_slot<K>(dparams, a.workspace + w.slots + ((long long)(bh_count + bh) * chunks + chunk) * Tr::kParamFloats);
 }
 
 }  // namespace lunajit

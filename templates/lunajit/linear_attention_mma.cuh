@@ -167,7 +167,9 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
 // relative instead of 2^-8 (docs/MATH.md "Tensor-core backward"). Its
 // operands are bf16 whatever the I/O dtype: fp16 V, which bf16 holds exactly
 // only as hi + lo (11 significant bits), adds the product Phi_hi^T V_lo.
-template <class K, int Tk = K::block_tokens, bool kSplitPhi = false>
+// kTiles (the chunk-parallel causal backward): block y covers exactly token
+// tile y and writes partial y of gridDim.y (one per chunk), not a split's range.
+template <class K, int Tk = K::block_tokens, bool kSplitPhi = false, bool kTiles = false>
 LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
                                     const float* all_params, float key_stab, float* parts_base) {
   using Tr = KernelTraits<K>;
@@ -189,8 +191,10 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const Op* v_lo = reinterpret_cast<const Op*>(smem + L.v_lo);    // (Tk, PV), kSplitV
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const TokenRange range = split_range<K>(seq, split, Tk);
+  const TokenRange range =
+      kTiles ? TokenRange{min(seq, split * Tk), min(seq, (split + 1) * Tk)} : split_range<K>(seq, split, Tk);
   const int s0 = range.begin, s1 = range.end;
+  const int parts_per_bh = kTiles ? (int)gridDim.y : K::state_splits;
   const float* params = Tr::head_params(all_params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -251,7 +255,7 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
           acc, zacc, phi_h, v_lo, wm, wn, /*with_z=*/false, lane, mma_detail::OnesColumn{ones});
     __syncthreads();
   }
-  float* part = parts_base + ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
+  float* part = parts_base + ((long long)bh * parts_per_bh + split) * ((long long)D * K::dv + D);
   mma_detail::write_state_partial<W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp>(acc, zacc, part, D, K::dv, c0, wm,
                                                                                    wn, with_z, lane);
 }

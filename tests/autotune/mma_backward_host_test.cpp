@@ -59,6 +59,7 @@ struct Case {
   bool normalize;
   bool every_size;  // also the smallest and largest mma configs
   DType dtype = DType::bf16;
+  bool causal = false;
 };
 
 class MmaBackwardHost : public ::testing::TestWithParam<Case> {};
@@ -66,7 +67,7 @@ class MmaBackwardHost : public ::testing::TestWithParam<Case> {};
 TEST_P(MmaBackwardHost, GradientsMatchTheReference) {
   const Case& cs = GetParam();
   AttentionSpec spec = default_spec(cs.family);
-  spec.causal = false;
+  spec.causal = cs.causal;
   spec.dtype = cs.dtype;
   spec.normalize = cs.normalize;
   const std::vector<TileConfig> space = mma_backward_configs(spec);
@@ -122,7 +123,12 @@ INSTANTIATE_TEST_SUITE_P(Families, MmaBackwardHost,
                                            Case{"performer", Family::performer, true, false},
                                            Case{"elu", Family::elu, true, false},
                                            Case{"luna_fp16", Family::luna, true, true, DType::fp16},
-                                           Case{"performer_fp16", Family::performer, true, false, DType::fp16}),
+                                           Case{"performer_fp16", Family::performer, true, false, DType::fp16},
+                                           Case{"luna_causal", Family::luna, true, true, DType::bf16, true},
+                                           Case{"luna_causal_unnormalized", Family::luna, false, false,
+                                                DType::bf16, true},
+                                           Case{"elu_causal", Family::elu, true, false, DType::bf16, true},
+                                           Case{"luna_causal_fp16", Family::luna, true, false, DType::fp16, true}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Packed variable-length batches (cu_seqlens, docs/MATH.md §3): the same bf16
@@ -216,14 +222,22 @@ TEST(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
 // backward kernels, and the gradients are bitwise equal under both thread
 // orders (fixed-order sums, no atomics).
 TEST(MmaBackwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
-  for (auto [family, dtype] : {std::pair{Family::luna, DType::bf16}, std::pair{Family::performer, DType::bf16},
-                               std::pair{Family::luna, DType::fp16}}) {
+  struct Run {
+    Family family;
+    DType dtype;
+    bool causal;
+  };
+  for (auto [family, dtype, causal] : {Run{Family::luna, DType::bf16, false}, Run{Family::performer, DType::bf16, false},
+                                       Run{Family::luna, DType::fp16, false}, Run{Family::luna, DType::bf16, true},
+                                       Run{Family::luna, DType::fp16, true}}) {
     AttentionSpec spec = default_spec(family);
-    spec.causal = false;
+    spec.causal = causal;
     spec.dtype = dtype;
-    // 16-token tiles so that n = 33 spans three tiles (the last partial) and two splits.
-    const TileConfig config = TileConfig(16, 4, 64, 64, 2).with_mma(true);
-    SCOPED_TRACE(std::string(to_string(family)) + " " + std::string(to_string(dtype)) + " " + config.to_string());
+    // 16-token tiles (chunks, causal) so that n = 33 spans three tiles (the
+    // last partial) and two splits (non-causal).
+    const TileConfig config = TileConfig(16, 4, 64, 16, 2).with_mma(true);
+    SCOPED_TRACE(std::string(to_string(family)) + " " + std::string(to_string(dtype)) + (causal ? " causal " : " ") +
+                 config.to_string());
     ASSERT_TRUE(can_implement(spec, config, sm90(), Pass::backward));
     CheckOptions opt;
     opt.shape = {1, 2, 33};
@@ -237,7 +251,8 @@ TEST(MmaBackwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
       auto rep = check_backward(backend, spec, config, opt);
       ASSERT_TRUE(rep.ok()) << rep.error().message;
       EXPECT_TRUE(rep->pass);
-      EXPECT_GE(backend.sanitized_launches(), 4u);  // state, dstate, dq, dkv (+ key_stab, param_reduce)
+      // state, dstate, dq, dkv (+ key_stab, param_reduce); causal: state, two scans, dq, dkv (+ param_reduce)
+      EXPECT_GE(backend.sanitized_launches(), causal ? 5u : 4u);
       EXPECT_TRUE(backend.last_findings().empty());
       reps.push_back(*rep);
     }
@@ -264,7 +279,16 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
   };
   AttentionSpec causal = spec;
   causal.causal = true;
-  rejects(causal, default_config(causal, sm90(), Pass::backward).with_mma(true), "causal backward");
+  // The causal backward is chunk-parallel on tensor cores (its tile is the
+  // chunk); the causal performer (running key stabiliser) has none.
+  const TileConfig causal_on = default_config(causal, sm90(), Pass::backward);
+  EXPECT_TRUE(causal_on.mma()) << causal_on.to_string();
+  EXPECT_TRUE(can_implement(causal, causal_on, sm90(), Pass::backward));
+  rejects(causal, TileConfig(64, 4, 64, 64, 4).with_mma(true), "shared memory");  // C64's tiles
+  AttentionSpec causal_performer = default_spec(Family::performer);
+  causal_performer.causal = true;
+  causal_performer.dtype = DType::bf16;
+  rejects(causal_performer, causal_on, "causal performer");
   AttentionSpec fp16 = spec;
   fp16.dtype = DType::fp16;
   EXPECT_TRUE(can_implement(fp16, on, sm90(), Pass::backward));  // bf16 operands, V split
@@ -288,17 +312,28 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
   }
   EXPECT_TRUE(generate(fp16, on, Pass::backward).ok());
   EXPECT_FALSE(generate(fp32, on, Pass::backward).ok());
-  EXPECT_FALSE(generate(causal, on, Pass::backward).ok());
-  // The bf16 and fp16 non-causal backward spaces hold both variants; fp32
-  // and causal spaces have no mma backward configs.
-  for (const AttentionSpec& s : {spec, fp16}) {
+  EXPECT_FALSE(generate(causal_performer, causal_on, Pass::backward).ok());
+  {
+    const KernelSource csrc = generate(causal, causal_on, Pass::backward).value_or_throw();
+    std::vector<std::string> roles;
+    for (const KernelEntry& e : csrc.entries) {
+      roles.push_back(e.role);
+      const bool gemm = e.role == "state" || e.role == "causal_dq" || e.role == "causal_dkv";
+      EXPECT_EQ(e.name_expression.rfind("lunajit::mma_", 0) == 0, gemm) << e.role << " " << e.name_expression;
+    }
+    EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_scan", "causal_dq", "dstate_scan", "causal_dkv",
+                                               "param_reduce"}));
+  }
+  // The bf16 and fp16 backward spaces (causal too) hold both variants; fp32
+  // and the causal performer's have no mma backward configs.
+  for (const AttentionSpec& s : {spec, fp16, causal}) {
     const auto space = search_space(s, Pass::backward, sm90());
     const auto n_mma = std::count_if(space.begin(), space.end(), [](const TileConfig& c) { return c.mma(); });
     EXPECT_GT(n_mma, 0);
     EXPECT_LT(n_mma, static_cast<long>(space.size()));
     EXPECT_TRUE(std::is_partitioned(space.begin(), space.end(), [](const TileConfig& c) { return !c.mma(); }));
   }
-  for (const AttentionSpec& s : {fp32, causal})
+  for (const AttentionSpec& s : {fp32, causal_performer})
     for (const auto& c : search_space(s, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
   // The larger shared-memory tiles are counted by the plan; fp16 stages V's
   // low halves too (the state pass and dkv), the same bytes as bf16 elsewhere.

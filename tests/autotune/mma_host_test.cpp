@@ -388,9 +388,9 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   spec.dtype = DType::bf16;
   const TileConfig on = default_config(spec, sm90()).with_mma(true);
   EXPECT_TRUE(can_implement(spec, on, sm90()));
-  // mma is the default of a bf16/fp16 forward and of the non-causal bf16
-  // backward where it implements the default tiles; fp32 specs, the causal
-  // backward and the causal performer keep the scalar kernels.
+  // mma is the default of a bf16/fp16 forward and backward where it
+  // implements the default tiles; fp32 specs and the causal performer keep
+  // the scalar kernels.
   EXPECT_EQ(default_config(spec, sm90()), on);
   auto rejects = [&](AttentionSpec s, const TileConfig& c, Pass p, const char* words) {
     auto st = can_implement(s, c, sm90(), p);
@@ -414,16 +414,17 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   EXPECT_FALSE(default_config(causal_performer, sm90()).mma());
   EXPECT_FALSE(default_config(fp32, sm90()).mma());
   EXPECT_TRUE(default_config(spec, sm90(), Pass::backward).mma());  // the non-causal bf16 backward
-  EXPECT_FALSE(default_config(causal, sm90(), Pass::backward).mma());
+  EXPECT_TRUE(default_config(causal, sm90(), Pass::backward).mma());  // chunk-parallel (mma_backward_host_test.cpp)
   AttentionSpec fp16 = spec;
   fp16.dtype = DType::fp16;
   EXPECT_TRUE(default_config(fp16, sm90()).mma());
   EXPECT_TRUE(default_config(fp16, sm90(), Pass::backward).mma());  // bf16 operands (mma_backward_host_test.cpp)
   EXPECT_TRUE(default_config(causal, sm90()).mma());
-  // The non-causal bf16 backward has tensor-core kernels (mma_backward_host_test.cpp);
-  // the causal one does not.
+  // The bf16 backward has tensor-core kernels (mma_backward_host_test.cpp); the
+  // causal one tiles by chunk, whose 64-token tiles need more shared memory than sm_90 has.
   EXPECT_TRUE(can_implement(spec, on, sm90(), Pass::backward));
-  rejects(causal, default_config(causal, sm90()).with_mma(true), Pass::backward, "causal backward");
+  rejects(causal, default_config(causal, sm90()).with_mma(true), Pass::backward, "shared memory");
+  rejects(causal_performer, default_config(causal, sm90(), Pass::backward), Pass::backward, "causal performer");
   rejects(spec, TileConfig(8, 4, 64, 64, 4).with_mma(true), Pass::forward, "block_tokens a multiple of 16");
   rejects(spec, TileConfig(64, 4, 8, 64, 4).with_mma(true), Pass::forward, "dv_block a multiple of 16");
   rejects(spec, TileConfig(64, 1, 64, 64, 4).with_mma(true), Pass::forward, "accumulators");
@@ -452,8 +453,8 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   EXPECT_TRUE(causal_space.back().mma());
   EXPECT_TRUE(std::is_partitioned(causal_space.begin(), causal_space.end(), [](const TileConfig& c) { return !c.mma(); }));
   EXPECT_TRUE(sample_space(causal_space, 3, default_config(causal, sm90())).at(2).mma());
-  // The causal backward and fp32 spaces have no mma configs.
-  for (const auto& c : search_space(causal, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
+  // The causal performer's backward and fp32 spaces have no mma configs.
+  for (const auto& c : search_space(causal_performer, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
   for (const auto& c : search_space(fp32, Pass::forward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
 }
 

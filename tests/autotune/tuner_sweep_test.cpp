@@ -55,13 +55,13 @@ TEST_P(TunerSweep, EveryCandidateCompilesAndPassesTheCheck) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     ASSERT_EQ(r->size(), 1u);
     const TuneResult& res = r->front();
-    // The tensor-core variant (TileConfig::mma) is in every sample of the
-    // bf16 forward, causal or not (the space lists it after the scalar
-    // configs), and of the fp16 backward (its default config, always sampled).
-    if (GetParam().pass == Pass::forward || GetParam().dtype == DType::fp16)
-      EXPECT_TRUE(std::any_of(res.candidates.begin(), res.candidates.end(),
-                              [](const CandidateResult& c) { return c.config.mma(); }))
-          << "no mma candidate was checked";
+    // The tensor-core variant (TileConfig::mma) is in every sample: each
+    // case's default config runs on tensor cores (the causal backward's too,
+    // chunk-parallel) and the default is always sampled.
+    EXPECT_TRUE(default_config(spec, arch, GetParam().pass).mma());
+    EXPECT_TRUE(std::any_of(res.candidates.begin(), res.candidates.end(),
+                            [](const CandidateResult& c) { return c.config.mma(); }))
+        << "no mma candidate was checked";
     for (const CandidateResult& c : res.candidates) {
       EXPECT_TRUE(c.compiled) << c.config.to_string() << ": " << c.status;
       EXPECT_TRUE(c.correct) << c.config.to_string() << ": " << c.status << " (rel rms " << c.rel_rms << ")";

@@ -173,7 +173,7 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   }
   // The forward of a 16-bit spec has mma kernels, causal or not, except the
   // causal performer (its running stabiliser has no mma kernel); so does the
-  // non-causal bf16 or fp16 backward, not the causal one.
+  // bf16 or fp16 backward (the causal one chunk-parallel), not the causal performer's.
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::backward));
   AttentionSpec causal = s, fp32 = s, fp16 = s, causal_performer = default_spec(Family::performer);
@@ -181,7 +181,8 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   causal_performer.causal = true;
   fp32.dtype = DType::fp32;
   fp16.dtype = DType::fp16;
-  EXPECT_FALSE(uses_tensor_cores(causal, c, Pass::backward));
+  EXPECT_TRUE(uses_tensor_cores(causal, c, Pass::backward));
+  EXPECT_FALSE(uses_tensor_cores(causal_performer, c, Pass::backward));
   EXPECT_TRUE(uses_tensor_cores(fp16, c, Pass::backward));
   EXPECT_FALSE(uses_tensor_cores(fp32, c, Pass::backward));
   EXPECT_TRUE(uses_tensor_cores(causal, c, Pass::forward));
@@ -230,7 +231,21 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   EXPECT_FALSE(jacobian_on_tensor_cores(s, c.with_mma(false)));
   AttentionSpec causal = s, d24 = s;
   causal.causal = true;
-  EXPECT_FALSE(jacobian_on_tensor_cores(causal, c));
+  EXPECT_TRUE(jacobian_on_tensor_cores(causal, c));  // the chunk-parallel causal backward's J^T too
+  // The chunk-parallel causal backward (one chunk of 64 here): the inter-chunk
+  // products on mma (dq: G S^T and the chunk's Phi_q^T [G | r], three split
+  // terms each; dkv: V dS^T and Phi_k dS, 2.5 on average), plus the J^T.
+  for (auto [role, gemm, terms] : {std::tuple{"causal_dq", N * 2 * D * dv + N * 2 * D * (dv + 1), 3.0},
+                                   std::tuple{"causal_dkv", N * 4 * D * dv, 2.5}}) {
+    SCOPED_TRACE(role);
+    const auto k = kernel_counts(causal, c, Pass::backward, role, shape).value_or_throw();
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 51200);
+    EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
+    EXPECT_EQ(k.serial_steps, 0);  // no chunk walk
+    const auto scalar = kernel_counts(causal, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
+    EXPECT_EQ(scalar.tc_flops, 0);
+    EXPECT_GT(scalar.serial_steps, 0);
+  }
   d24.head_dim = 24;  // u = X W^T needs d in 16-column k-steps
   EXPECT_FALSE(jacobian_on_tensor_cores(d24, c));
   // fp16 I/O: V is split into bf16 hi + lo too (one more term in the state

@@ -68,7 +68,8 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
   // The default LUNA spec (bf16) on sm_90 gets the largest tiles in the
   // forward (8 warps non-causal, 4 causal), 16-token tiles in the non-causal
   // backward (occupancy: the comments in default_config), all on tensor
-  // cores, on sm_80 too; fp32 and the causal backward stay scalar.
+  // cores, on sm_80 too; the causal backward chunk-parallel on tensor cores
+  // with 16-token chunks and 8 warps; fp32 stays scalar.
   AttentionSpec luna = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();
   EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 8, 64, 64, 4).with_mma(true));
@@ -83,7 +84,18 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
             TileConfig(16, 4, 64, 64, 4).with_mma(true));
   AttentionSpec causal = luna;
   causal.causal = true;
-  EXPECT_FALSE(default_config(causal, sm90, Pass::backward).mma());
+  EXPECT_EQ(default_config(causal, sm90, Pass::backward), TileConfig(64, 8, 64, 16, 4).with_mma(true));
+  EXPECT_EQ(default_config(causal, arch_from_sm(80).value_or_throw(), Pass::backward),
+            TileConfig(64, 8, 64, 16, 4).with_mma(true));
+  for (Pass pass : {Pass::forward, Pass::backward})
+    for (int sm : known_sms()) {  // every arch's default of both passes, causal or not, fits
+      const Arch arch = arch_from_sm(sm).value_or_throw();
+      for (bool c : {false, true}) {
+        AttentionSpec s = luna;
+        s.causal = c;
+        EXPECT_TRUE(can_implement(s, default_config(s, arch, pass), arch, pass).ok()) << arch.name();
+      }
+    }
   luna.dtype = DType::fp32;
   EXPECT_FALSE(default_config(luna, sm90).mma());
   EXPECT_FALSE(default_config(luna, sm90, Pass::backward).mma());

@@ -95,17 +95,24 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
   }
 }
 
-// The tensor-core backward (non-causal bf16 and fp16, TileConfig::mma): for
-// the default LUNA spec's backward tiles with mma on, the state, dstate, dq
-// and dkv kernels contain mma.sync and ldmatrix and nothing spills on sm_80
-// and sm_90; param_reduce (a fixed-order sum, not GEMM-shaped) has no mma.
+// The tensor-core backward (bf16 and fp16, TileConfig::mma): for the default
+// LUNA spec's backward tiles with mma on, the state, dstate, dq and dkv
+// kernels (causal, bf16: state, causal_dq, causal_dkv) contain mma.sync and
+// ldmatrix and nothing spills on sm_80 and sm_90; param_reduce and the causal
+// state scans (fixed-order sums, not GEMM-shaped) have no mma.
 // The operands are bf16 for fp16 I/O too (V split into hi + lo): no f16 mma.
 TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
-  for (auto [sm, dtype] : {std::pair{80, DType::bf16}, std::pair{90, DType::bf16}, std::pair{80, DType::fp16},
-                           std::pair{90, DType::fp16}}) {
+  struct Case {
+    int sm;
+    DType dtype;
+    bool causal;
+  };
+  for (auto [sm, dtype, causal] : {Case{80, DType::bf16, false}, Case{90, DType::bf16, false},
+                                   Case{80, DType::fp16, false}, Case{90, DType::fp16, false},
+                                   Case{80, DType::bf16, true}, Case{90, DType::bf16, true}}) {
     const Arch arch = arch_from_sm(sm).value_or_throw();
     AttentionSpec spec = default_spec(Family::luna);
-    spec.causal = false;
+    spec.causal = causal;
     spec.dtype = dtype;
     const TileConfig config = default_config(spec, arch, Pass::backward).with_mma(true);
     ASSERT_TRUE(can_implement(spec, config, arch, Pass::backward));
@@ -120,15 +127,16 @@ TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
       for (const KernelEntry& e : src.entries)
         if (e.name_expression == res.name_expression) role = e.role;
       const Census c = census(entry_text(r->ptx, res.lowered_name));
-      std::printf("sm_%d %s backward %-12s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma "
+      std::printf("sm_%d %s %s backward %-12s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma "
                   "%4d ld.shared %4d ld.global %3d\n",
-                  sm, std::string(to_string(dtype)).c_str(), role.c_str(), res.name_expression.c_str(), res.registers,
+                  sm, std::string(to_string(dtype)).c_str(), causal ? "causal" : "non-causal", role.c_str(), res.name_expression.c_str(), res.registers,
                   static_cast<long long>(dynamic_smem_bytes(spec, config, Pass::backward, role)), res.spill_stores, res.spill_loads,
                   c.mma, c.ldmatrix, c.fma, c.ld_shared, c.ld_global);
       EXPECT_EQ(res.spill_stores, 0) << res.name_expression;
       EXPECT_EQ(res.spill_loads, 0) << res.name_expression;
       EXPECT_EQ(res.stack_bytes, 0) << res.name_expression;
-      const bool gemm = role == "state" || role == "dstate" || role == "dq" || role == "dkv";
+      const bool gemm = role == "state" || role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
+                        role == "causal_dkv";
       if (gemm) {
         EXPECT_EQ(res.name_expression.rfind("lunajit::mma_", 0), 0u) << res.name_expression;
         EXPECT_GT(c.mma, 0) << role;

@@ -34,6 +34,7 @@ struct Kernel {
   static constexpr int chunk = 64;
   static constexpr int state_splits = 4;
   static constexpr bool causal = true;
+  static constexpr bool mma = true;
   static constexpr bool normalize = true;
   static constexpr float eps = 1.000000000e-06f;
   static constexpr bool params_per_head = true;
