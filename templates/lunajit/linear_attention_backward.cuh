@@ -73,7 +73,9 @@ LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
 template <class K>
 LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* den, float* r, int valid) {
   if constexpr (K::normalize) {
-    for (int i = threadIdx.x; i < valid; i += K::threads) r[i] = -fm::dot(dout + i * K::dv, o + i * K::dv, K::dv) / den[i];
+    // Rotated by the row: the lanes' rows (a dv-float stride) start in different banks.
+    for (int i = threadIdx.x; i < valid; i += K::threads)
+      r[i] = -fm::dot_rotated<K::dv>(dout + i * K::dv, o + i * K::dv, i) / den[i];
     __syncthreads();
     for (int e = threadIdx.x; e < valid * K::dv; e += K::threads) dout[e] /= den[e / K::dv];
   } else {
@@ -96,7 +98,7 @@ LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, in
   __syncthreads();
   K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
   for (int i = threadIdx.x; i < valid; i += NT)
-    smem[L.den + i] = K::normalize ? fm::dot(smem + L.phi_q + i * D, z, D) + K::eps : 1.0f;
+    smem[L.den + i] = K::normalize ? fm::dot_rotated<D>(smem + L.phi_q + i * D, z, i) + K::eps : 1.0f;
   __syncthreads();
   query_gradients<K>(smem + L.dout, smem + L.o, smem + L.den, smem + L.r, valid);
 }

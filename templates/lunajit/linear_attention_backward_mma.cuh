@@ -491,7 +491,10 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
         as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float x) {
           if (i < valid) {
             float s = K::normalize ? fmaf(z[f], r[i], x * unscale) : x * unscale;
-            for (int j = 0; j <= i; ++j) s = fmaf(B[i * CS + j], phi_k[j * D + f], s);
+            // The 8 rows of a fragment (i | 7 alike) walk the same j: one
+            // phi(k) row per step (B is 0 past the diagonal).
+            const int j_end = min(i | 7, valid - 1);
+            for (int j = 0; j <= j_end; ++j) s = fmaf(B[i * CS + j], phi_k[j * D + f], s);
             dphi[i * D + f] = s;
           }
         });
@@ -606,7 +609,9 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   const auto dphi_epi = [&](int j, int f, float x) {
     if (j < valid) {
       float s = fmaf(x, unscale, dz[f]);
-      for (int i = j; i < valid; ++i) s = fmaf(B[i * CS + j], phi_q[i * D + f], s);
+      // The 8 rows of a fragment (j & ~7 alike) walk the same i: one phi(q)
+      // row per step, not 8 rows 64 floats apart (A, B are 0 above the diagonal).
+      for (int i = j & ~7; i < valid; ++i) s = fmaf(B[i * CS + j], phi_q[i * D + f], s);
       dphi[j * D + f] = s;
     }
   };
@@ -629,7 +634,7 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
       phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int j, int c, float x) {
         if (j < valid) {
           float s = x * unscale;
-          for (int i = j; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * DV + c], s);
+          for (int i = j & ~7; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * DV + c], s);
           dv_out[(long long)(t0 + j) * a.dv.stride_seq + c] = from_float<T>(s);
         }
       });
