@@ -233,6 +233,11 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       if (causal_backward_tiles(spec, c, pass)) {
         // Chunk-parallel on tensor cores (linear_attention_backward_mma.cuh).
         const unsigned chunks = ceil_div(shape.seq, c.chunk());
+        if (chunks > 65535)  // the state pass puts the chunks on grid y
+          return Error::invalid(fmt::format(
+              "seq = {}: the causal tensor-core backward ({}) runs one state block per chunk of {} tokens on "
+              "grid y, at most 65535 chunks (seq <= {}); use a larger chunk or \"mma\": false",
+              shape.seq, c.to_string(), c.chunk(), 65535LL * c.chunk()));
         const unsigned entries = ceil_div(int64_t(p.D) * p.dv + p.D, c.threads());
         add("state", {static_cast<unsigned>(bh), chunks, dv_blocks});
         add("state_scan", {static_cast<unsigned>(bh), entries, 1});

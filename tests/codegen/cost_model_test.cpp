@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codegen/cost_model.h"
+#include "codegen/feature_params.h"
 #include "codegen/launch_plan.h"
 
 namespace lunajit {
@@ -336,6 +337,46 @@ TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
                         .ms;
   const double t4 = predict_pass(s, c4, Pass::forward, shape, h100(), sm90()).value_or_throw().ms;
   EXPECT_LT(t4, t1);
+}
+
+TEST(CostModelPlan, CausalBackwardOnTensorCoresIsChunkParallel) {
+  // The causal backward with mma: per-chunk states (grid bh x chunks x dv
+  // blocks), the prefix scan (bh x ceil(part / threads)), dq over (chunks, bh),
+  // the suffix scan, dk/dv over (chunks, bh); the workspace holds two states
+  // per chunk, the denominators and one parameter slot per chunk and side.
+  AttentionSpec s = default_spec(Family::luna);
+  s.causal = true;
+  const ProblemShape shape{2, 3, 1000};  // 63 chunks of 16
+  const TileConfig c = TileConfig(64, 8, 64, 16, 4).with_mma(true);
+  ASSERT_TRUE(can_implement(s, c, sm90(), Pass::backward));
+  EXPECT_TRUE(causal_backward_tiles(s, c, Pass::backward));
+  EXPECT_FALSE(causal_backward_tiles(s, c.with_mma(false), Pass::backward));
+  EXPECT_FALSE(causal_backward_tiles(s, c, Pass::forward));
+  auto plan = plan_launches(s, c, Pass::backward, shape).value_or_throw();
+  std::vector<std::string> roles;
+  for (const auto& l : plan.launches) roles.push_back(l.role);
+  EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_scan", "causal_dq", "dstate_scan", "causal_dkv",
+                                             "param_reduce"}));
+  const unsigned part = 64 * 64 + 64, entries = (part + 255) / 256;
+  EXPECT_EQ(plan.launches[0].grid, (std::array<unsigned, 3>{6, 63, 1}));
+  EXPECT_EQ(plan.launches[1].grid, (std::array<unsigned, 3>{6, entries, 1}));
+  EXPECT_EQ(plan.launches[2].grid, (std::array<unsigned, 3>{63, 6, 1}));
+  EXPECT_EQ(plan.launches[3].grid, (std::array<unsigned, 3>{6, entries, 1}));
+  EXPECT_EQ(plan.launches[4].grid, (std::array<unsigned, 3>{63, 6, 1}));
+  EXPECT_EQ(plan.launches[1].smem_bytes, 0);
+  const int64_t P = param_layout(s).per_head_floats;
+  EXPECT_EQ(plan.workspace_floats, 8 + 2LL * 6 * 63 * part + 6 * 1000 + 2LL * 6 * 63 * P);
+  // The scans carry no shared memory and no tensor-core work; no kernel walks chunks in series but the scans.
+  for (const char* role : {"state_scan", "dstate_scan"}) {
+    const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
+    EXPECT_EQ(k.tc_flops, 0) << role;
+    EXPECT_EQ(k.serial_steps, 8) << role;  // ceil(63 / 8): eight chunks' loads in flight
+  }
+  // One state block per chunk on grid y: at most 65535 chunks, said clearly.
+  auto too_long = plan_launches(s, c, Pass::backward, ProblemShape{1, 1, 65535 * 16 + 1});
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.error().message.find("65535 chunks"), std::string::npos) << too_long.error().message;
+  EXPECT_TRUE(plan_launches(s, c, Pass::backward, ProblemShape{1, 1, 65535 * 16}).ok());
 }
 
 TEST(GpuSpecs, TensorPeaksPerDtype) {
