@@ -85,11 +85,12 @@
 //   tanh 1, relu 0; softplus 2 (ex2, lg2); performer D (exp); rff 2m (sin,
 //   cos); hedgehog f (exp); slay R M + P; cosformer 2d; elu d; normalized
 //   outputs one division per value element. The backward's J^T counts 2x.
-//   Serial steps: causal_chunk, causal_dq, causal_dkv walk ceil(N / chunk)
+//   Serial steps: causal_chunk and the scalar causal_dq, causal_dkv walk ceil(N / chunk)
 //   chunks (causal_chunk with the super-chunk split, causal_super_chunks:
 //   ceil(ceil(N / chunk) / R), R = state_splits, and block r reads the r
 //   earlier ranges' partial states: + dv blocks B H R (R - 1) / 2 * 4 (D
-//   dv_block + D) bytes); every other kernel 0.
+//   dv_block + D) bytes); the causal backward's state scans ceil(nt / 8)
+//   (below); every other kernel 0.
 //
 //   Byte and FLOP conventions (docs/MATH.md, docs/ARCHITECTURE.md "Cost model"
 //   and "Kernel plan"; the kernels are templates/lunajit/linear_attention.cuh):
