@@ -378,7 +378,7 @@ LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq,
 // Workspace of the backward pass (floats): key stabiliser, state partials and
 // their gradients (non-causal: one per split; the chunk-parallel causal
 // backward, causal_tiles: one per chunk, turned into the exclusive prefix
-// S_<c and suffix dS_>c in place), per-token denominators (causal), per-token
+// S_<c and, in the same array, the suffix dS_>c in place), per-token denominators (causal), per-token
 // running key maxima M_i (causal performer), and one partial parameter
 // gradient per block that maps dphi back (slots).
 struct BackwardWorkspace {
@@ -395,7 +395,11 @@ LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_hea
   const long long part = (long long)batch_heads * parts * ((long long)D * dv + D);
   w.stab = 0;
   w.state = (batch_heads + 3) / 4 * 4;
-  w.dstate = w.state + (states ? part : 0);
+  // The chunk-parallel causal backward keeps one array: its dq kernel's
+  // block c reads the prefix S_<c of slot c, then writes the chunk's (dS_c,
+  // dz_c) over it (no other block touches slot c), and the suffix scan and
+  // the dkv kernel work on that.
+  w.dstate = w.state + (states && !causal_tiles ? part : 0);
   w.den = w.dstate + (states ? part : 0);
   w.kmax = w.den + (causal ? (long long)batch_heads * seq : 0);
   w.slots = w.kmax + (causal && running_max ? (long long)batch_heads * seq : 0);

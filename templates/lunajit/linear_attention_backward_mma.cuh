@@ -499,7 +499,9 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
           }
         });
   }
-  {  // The chunk's [dS_c | dz_c] = Phi_q^T [G | r], hi + lo as mma_dstate_kernel.
+  {  // The chunk's [dS_c | dz_c] = Phi_q^T [G | r], hi + lo as mma_dstate_kernel,
+     // written over this block's own prefix slot (w.dstate == w.state here:
+     // read by stage_scaled_state above, behind its barrier; no other block reads slot c).
     const int wm = warp % WS.warps_m, wn = warp / WS.warps_m;
     const bool with_z = wn == 0;  // warp-uniform: the dz tile
     float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];

@@ -181,12 +181,14 @@ Grads run(const AttentionSpec& spec, const TileConfig& config, const std::vector
 
 }  // namespace packed
 
-TEST(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
+class MmaBackwardHostPacked : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
   using namespace packed;
   const std::vector<int> cu = {0, 37, 127, 130};  // 37, 90 and 3 tokens: partial tiles, tiles past a short end
   const int heads = 2, total = cu.back();
   AttentionSpec spec = default_spec(Family::luna);
-  spec.causal = false;
+  spec.causal = GetParam();  // causal: chunk-parallel, chunks past a short sequence's end
   spec.dtype = DType::bf16;
   const int d = spec.head_dim, dv = spec.value_dim;
   const TileConfig scalar = default_config(spec, sm90(), Pass::backward).with_mma(false);
@@ -206,8 +208,8 @@ TEST(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
   const Grads got = run(spec, tc, cu, heads, q, k, v, dout, params);
   const double e_dq = rel_rms(got.dq, want.dq), e_dk = rel_rms(got.dk, want.dk), e_dv = rel_rms(got.dv, want.dv);
   const double e_dp = rel_rms(got.dparams, want.dparams);
-  std::printf("packed non-causal backward: mma vs scalar rel rms dq %.3e dk %.3e dv %.3e dparams %.3e\n", e_dq, e_dk,
-              e_dv, e_dp);
+  std::printf("packed %s backward: mma vs scalar rel rms dq %.3e dk %.3e dv %.3e dparams %.3e\n",
+              spec.causal ? "causal" : "non-causal", e_dq, e_dk, e_dv, e_dp);
   EXPECT_LE(e_dq, 2e-3);
   EXPECT_LE(e_dk, 2e-3);
   EXPECT_LE(e_dv, 2e-3);
@@ -216,6 +218,97 @@ TEST(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
   // 130 tokens (cu_seqlens ignored) gives other gradients by far.
   const Grads one = run(spec, tc, {0, total}, heads, q, k, v, dout, params);
   EXPECT_GT(rel_rms(one.dv, want.dv), 10 * e_dv + 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Causality, MmaBackwardHostPacked, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "causal" : "noncausal"; });
+
+// Carried state (docs/MATH.md §1a) through the chunk-parallel causal backward:
+// the forward's initial (S, z) seeds the prefix scan and the upstream gradient
+// of the final state the suffix scan, which writes the initial state's
+// gradient. The same bf16 inputs through the tensor-core and the scalar
+// backward (the scalar one is checked against the reference by
+// tests/autotune/state_host_test.cpp). Tolerance: relative RMS 2e-3 per
+// gradient, as for packed sequences above (both round dq, dk, dv to bf16; the
+// fp32 gradients of the initial state agree to the split products' 2^-16 and
+// the fp32 sums' association). Both seeds must matter: without the initial
+// state dq moves by far more, without dS_T the initial state's gradient does.
+// The MLP is smooth here (gelu, softplus): with relu a hidden unit's
+// pre-activation within 2^-16 of 0 takes a different side in the tensor-core
+// J^T (u = X W^T on mma) than in the fp32 one, and that token's dk jumps by a
+// few percent (seen at b 0, n 7 of these inputs: dk 4e-3 overall, every other
+// token 1e-4), a property of relu's gradient, not of the scans.
+TEST(MmaBackwardHostCarried, CarriedStateMatchesTheScalarScans) {
+  using namespace buffers;
+  AttentionSpec spec = default_spec(Family::luna);
+  spec.causal = true;
+  spec.dtype = DType::bf16;
+  spec.luna.activation = Activation::gelu;
+  spec.luna.output_activation = OutputActivation::softplus;
+  const int B = 2, H = 2, N = 45, d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
+  const ProblemShape shape{B, H, N};
+  const TileConfig tc = default_config(spec, sm90(), Pass::backward);
+  ASSERT_TRUE(tc.mma()) << tc.to_string();
+  const TileConfig scalar = tc.with_mma(false);
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  auto bf16s = [&](size_t n) {
+    std::vector<uint16_t> x(n);
+    for (auto& e : x) e = to_bf16(n01(rng));
+    return x;
+  };
+  const size_t rows = size_t(B) * N * H;
+  const auto q = bf16s(rows * d), k = bf16s(rows * d), v = bf16s(rows * dv), dout = bf16s(rows * dv);
+  const std::vector<float> params = init_params(spec, H, 3);
+  std::vector<float> S0(size_t(B) * H * D * dv), z0(size_t(B) * H * D), dST(S0.size()), dzT(z0.size());
+  for (float& e : S0) e = 0.3f * n01(rng);
+  for (float& e : z0) e = 1.0f + std::abs(n01(rng));
+  for (float& e : dST) e = n01(rng);
+  for (float& e : dzT) e = n01(rng);
+  Buffer bq = upload(q.data(), q.size() * 2), bk = upload(k.data(), k.size() * 2), bv = upload(v.data(), v.size() * 2);
+  Buffer bdo = upload(dout.data(), dout.size() * 2), bp = upload(params.data(), params.size() * 4);
+  Buffer bS0 = upload(S0.data(), S0.size() * 4), bz0 = upload(z0.data(), z0.size() * 4);
+  Buffer bdST = upload(dST.data(), dST.size() * 4), bdzT = upload(dzT.data(), dzT.size() * 4);
+  Buffer bo = upload(nullptr, rows * dv * 2);
+  // (B, N, H, w) row-major: strides batch N H w, seq H w, head w.
+  auto tref = [&](const Buffer& b, int w) { return TensorRef{b.as_pointer(), int64_t(N) * H * w, int64_t(H) * w, w}; };
+  auto mref = [&](const Buffer& b, int w) {
+    return MutableTensorRef{b.as_pointer(), int64_t(N) * H * w, int64_t(H) * w, w};
+  };
+  auto fwd = AttentionRunner::create(host_backend(), spec, default_config(spec, sm90()).with_mma(false), Pass::forward)
+                 .value_or_throw();
+  ASSERT_TRUE(fwd.forward(shape, tref(bq, d), tref(bk, d), tref(bv, dv), mref(bo, dv), bp.ptr(),
+                          StateRefs{bS0.ptr(), bz0.ptr(), 0, 0})
+                  .ok());
+  struct Out {
+    std::vector<float> dq, dk, dv, dparams, dS0, dz0;
+  };
+  auto run = [&](const TileConfig& config, bool with_initial, bool with_dfinal) {
+    auto bwd = AttentionRunner::create(host_backend(), spec, config, Pass::backward).value_or_throw();
+    Buffer gq = upload(nullptr, q.size() * 2), gk = upload(nullptr, k.size() * 2), gv = upload(nullptr, v.size() * 2);
+    Buffer gp = upload(nullptr, params.size() * 4), gS0 = upload(nullptr, S0.size() * 4), gz0 = upload(nullptr, z0.size() * 4);
+    const StateGradRefs st{with_initial ? bS0.ptr() : 0, with_initial ? bz0.ptr() : 0, with_dfinal ? bdST.ptr() : 0,
+                           with_dfinal ? bdzT.ptr() : 0, gS0.ptr(), gz0.ptr()};
+    auto r = bwd.backward(shape, tref(bq, d), tref(bk, d), tref(bv, dv), tref(bo, dv), tref(bdo, dv), mref(gq, d),
+                          mref(gk, d), mref(gv, dv), bp.ptr(), gp.ptr(), st);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    auto widen = [](const std::vector<uint16_t>& h) {
+      std::vector<float> out;
+      for (uint16_t x : h) out.push_back(from_bf16(x));
+      return out;
+    };
+    return Out{widen(download<uint16_t>(gq, q.size())), widen(download<uint16_t>(gk, k.size())),
+               widen(download<uint16_t>(gv, v.size())), download<float>(gp, params.size()),
+               download<float>(gS0, S0.size()), download<float>(gz0, z0.size())};
+  };
+  const Out want = run(scalar, true, true), got = run(tc, true, true);
+  const double e[] = {rel_rms(got.dq, want.dq),           rel_rms(got.dk, want.dk),   rel_rms(got.dv, want.dv),
+                      rel_rms(got.dparams, want.dparams), rel_rms(got.dS0, want.dS0), rel_rms(got.dz0, want.dz0)};
+  std::printf("carried causal backward: mma vs scalar rel rms dq %.3e dk %.3e dv %.3e dparams %.3e dS0 %.3e dz0 %.3e\n",
+              e[0], e[1], e[2], e[3], e[4], e[5]);
+  for (double x : e) EXPECT_LE(x, 2e-3);
+  EXPECT_GT(rel_rms(run(tc, false, true).dq, want.dq), 10 * e[0] + 1e-2);    // the prefix scan's seed matters
+  EXPECT_GT(rel_rms(run(tc, true, false).dS0, want.dS0), 10 * e[4] + 1e-2);  // the suffix scan's seed too
 }
 
 // The sanitizers (init, bounds, sync, race) find nothing in the four mma

@@ -342,7 +342,7 @@ TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
 TEST(CostModelPlan, CausalBackwardOnTensorCoresIsChunkParallel) {
   // The causal backward with mma: per-chunk states (grid bh x chunks x dv
   // blocks), the prefix scan (bh x ceil(part / threads)), dq over (chunks, bh),
-  // the suffix scan, dk/dv over (chunks, bh); the workspace holds two states
+  // the suffix scan, dk/dv over (chunks, bh); the workspace holds one state
   // per chunk, the denominators and one parameter slot per chunk and side.
   AttentionSpec s = default_spec(Family::luna);
   s.causal = true;
@@ -365,7 +365,8 @@ TEST(CostModelPlan, CausalBackwardOnTensorCoresIsChunkParallel) {
   EXPECT_EQ(plan.launches[4].grid, (std::array<unsigned, 3>{63, 6, 1}));
   EXPECT_EQ(plan.launches[1].smem_bytes, 0);
   const int64_t P = param_layout(s).per_head_floats;
-  EXPECT_EQ(plan.workspace_floats, 8 + 2LL * 6 * 63 * part + 6 * 1000 + 2LL * 6 * 63 * P);
+  // One array of per-chunk states: the prefix, then (written over it by dq) the chunks' dS and their suffix.
+  EXPECT_EQ(plan.workspace_floats, 8 + 6LL * 63 * part + 6 * 1000 + 2LL * 6 * 63 * P);
   // The scans carry no shared memory and no tensor-core work; no kernel walks chunks in series but the scans.
   for (const char* role : {"state_scan", "dstate_scan"}) {
     const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
