@@ -252,6 +252,12 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
                                       "phi); allowed: recompute",
                                       c.to_string()));
   if (c.mma()) {
+    // mma.sync.m16n8k16 with bf16 or f16 operands and cp.async are sm_80 and later
+    // (PTX ISA); ptxas rejects them for sm_75 ("requires .target sm_80 or higher").
+    if (arch.sm < 80)
+      return Error::invalid(fmt::format("{}: mma = true needs sm_80 or later (mma.sync m16n8k16 on bf16/fp16); "
+                                        "{} has none; use mma = false",
+                                        c.to_string(), arch.name()));
     if (auto st = can_implement_mma(spec, c, pass); !st) return st;
   }
   const long long limit = arch.max_smem_per_block;

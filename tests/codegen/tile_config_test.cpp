@@ -87,6 +87,14 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
   EXPECT_EQ(default_config(causal, sm90, Pass::backward), TileConfig(64, 8, 64, 16, 4).with_mma(true));
   EXPECT_EQ(default_config(causal, arch_from_sm(80).value_or_throw(), Pass::backward),
             TileConfig(64, 8, 64, 16, 4).with_mma(true));
+  // sm_75 has no bf16 mma.sync: can_implement refuses mma there, so its defaults are scalar.
+  const Arch sm75 = arch_from_sm(75).value_or_throw();
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    EXPECT_FALSE(default_config(luna, sm75, pass).mma());
+    auto st = can_implement(luna, default_config(luna, sm90, pass), sm75, pass);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.error().message.find("sm_80 or later"), std::string::npos) << st.error().message;
+  }
   for (Pass pass : {Pass::forward, Pass::backward})
     for (int sm : known_sms()) {  // every arch's default of both passes, causal or not, fits
       const Arch arch = arch_from_sm(sm).value_or_throw();

@@ -87,3 +87,29 @@ INSTANTIATE_TEST_SUITE_P(Archs, DefaultKernelsNvrtc, ::testing::Combine(::testin
 
 }  // namespace
 }  // namespace lunajit
+
+namespace lunajit {
+namespace {
+
+// sm_75 (Turing: no bf16 mma.sync, no cp.async): the default configs of the
+// default LUNA spec are scalar there and compile; an mma config would fail in
+// ptxas ("requires .target sm_80 or higher"), which can_implement now says first.
+TEST(DefaultKernelsNvrtcSm75, DefaultsCompileWithoutTensorCores) {
+  const Arch arch = arch_from_sm(75).value_or_throw();
+  for (bool causal : {false, true})
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      AttentionSpec spec = default_spec(Family::luna);
+      spec.causal = causal;
+      const TileConfig config = default_config(spec, arch, pass);
+      SCOPED_TRACE(std::string(causal ? "causal " : "non-causal ") + std::string(to_string(pass)) + " " +
+                   config.to_string());
+      EXPECT_FALSE(config.mma());
+      ASSERT_TRUE(can_implement(spec, config, arch, pass));
+      EXPECT_FALSE(can_implement(spec, config.with_mma(true), arch, pass));
+      auto r = compile_nvrtc(generate(spec, config, pass).value_or_throw(), arch);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+    }
+}
+
+}  // namespace
+}  // namespace lunajit
