@@ -448,8 +448,9 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   __syncthreads();
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;
-    // Rotated by j: the lanes' phi(k) rows (a D-float stride) start in different banks.
-    A[i * CS + j] = j <= i ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, j) : 0.0f;
+    // Rotated by the element index: the 32 lanes of a warp (consecutive e) start
+    // their rows (a D-float stride, 2 or more rows of each operand) in 32 different banks.
+    A[i * CS + j] = j <= i ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, e) : 0.0f;
   }
   __syncthreads();
   // den_i = phi(q_i) . z_<c + sum_{j<=i in c} A_ij + eps, kept for the dkv kernel.
@@ -466,7 +467,7 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   query_gradients<K>(g, smem + L.o, den, r, valid);
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;
-    B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, j) + r[i] : 0.0f;
+    B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) + r[i] : 0.0f;
   }
   unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
   unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
@@ -590,8 +591,8 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;
     const bool on = i >= j;
-    A[i * CS + j] = on ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, j) : 0.0f;
-    B[i * CS + j] = on ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, j) + r[i] : 0.0f;
+    A[i * CS + j] = on ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, e) : 0.0f;  // rotated as in dq
+    B[i * CS + j] = on ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) + r[i] : 0.0f;
   }
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
     mma_detail::split_rows<NT, DV, PV>(v, reinterpret_cast<unsigned*>(smem + LM.a_h),
