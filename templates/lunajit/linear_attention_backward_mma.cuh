@@ -69,6 +69,18 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
   }
 }
 
+// [dS | dz] += Phi_q^T [G | r] with every operand a bf16 hi + lo pair: the
+// three significant products hi hi, hi lo, lo hi (lo lo is below 2^-16
+// relative), in that order (mma_dstate_kernel and mma_causal_dq_kernel).
+template <class T, int WM, int MPW, int NPW, int Tk, int PD, int PV>
+LUNAJIT_DEVICE void split_dstate_products(float (*acc)[NPW][4], float (*zacc)[4], const T* phi_hi, const T* phi_lo,
+                                          const T* g_hi, const T* g_lo, const unsigned* r_hi, const unsigned* r_lo,
+                                          int wm, int wn, bool with_z, int lane) {
+  state_tile_products<T, WM, MPW, NPW, Tk, PD, PV>(acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, WordsColumn{r_hi});
+  state_tile_products<T, WM, MPW, NPW, Tk, PD, PV>(acc, zacc, phi_hi, g_lo, wm, wn, with_z, lane, WordsColumn{r_lo});
+  state_tile_products<T, WM, MPW, NPW, Tk, PD, PV>(acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, WordsColumn{r_hi});
+}
+
 // Sums the split partials [D * dv | D] of one (batch, head) in split order
 // into S (D, dv) and z (D) fp32, stages 2^-a S as bf16 hi + lo tiles (D, P)
 // with a the exponent of max |S| over the block (red: one float per warp), and
@@ -180,15 +192,7 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   const bool with_z = wn == 0;  // warp-uniform: the dz tile
   float acc[W.m_tiles_per_warp][W.n_tiles_per_warp][4];
   float zacc[W.m_tiles_per_warp][4];
-#pragma unroll
-  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W.n_tiles_per_warp; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  }
+  mma_detail::zero_state_accumulators(acc, zacc);
   // Each operand as bf16 hi + lo: [dS | dz] = Phi_hi^T [G_hi | r_hi] + Phi_hi^T [G_lo | r_lo]
   // + Phi_lo^T [G_hi | r_hi] (the lo x lo term is below 2^-16 relative).
   using Op = typename M::Op;
@@ -211,12 +215,8 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
       mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
     }
     __syncthreads();
-    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
-        acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
-    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
-        acc, zacc, phi_hi, g_lo, wm, wn, with_z, lane, mma_detail::WordsColumn{r_lo});
-    mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
-        acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
+    mma_detail::split_dstate_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
+        acc, zacc, phi_hi, phi_lo, g_hi, g_lo, r_hi, r_lo, wm, wn, with_z, lane);
     __syncthreads();
   }
   float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
@@ -507,23 +507,11 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     const bool with_z = wn == 0;  // warp-uniform: the dz tile
     float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
     float zacc[WS.m_tiles_per_warp][4];
-#pragma unroll
-    for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < WS.n_tiles_per_warp; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-    }
+    mma_detail::zero_state_accumulators(acc, zacc);
     const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);
     const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
-    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
-        acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
-    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
-        acc, zacc, phi_hi, g_lo, wm, wn, with_z, lane, mma_detail::WordsColumn{r_lo});
-    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
-        acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, mma_detail::WordsColumn{r_hi});
+    mma_detail::split_dstate_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_hi, phi_lo, g_hi, g_lo, r_hi, r_lo, wm, wn, with_z, lane);
     mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp>(
         acc, zacc, a.workspace + w.dstate + ((long long)bh * chunks + chunk) * kPart, D, DV, 0, wm, wn, with_z, lane);
   }

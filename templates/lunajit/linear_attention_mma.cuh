@@ -95,6 +95,20 @@ struct WordsColumn {
   LUNAJIT_DEVICE unsigned operator()(int k) const { return words[k / 2]; }
 };
 
+// Zeroes a warp's state accumulators (S tiles and the z column's tile).
+template <int MPW, int NPW>
+LUNAJIT_DEVICE void zero_state_accumulators(float (&acc)[MPW][NPW][4], float (&zacc)[MPW][4]) {
+#pragma unroll
+  for (int i = 0; i < MPW; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  }
+}
+
 // The state products of one token tile of Tk rows, S_aug += Phi^T [B | col]
 // (m-tiles over the D features, n-tiles over B's columns): A = Phi^T by
 // ldmatrix.x4.trans from the token-major phi_h (row stride PD), B from the
@@ -203,15 +217,7 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
 
   float acc[W.m_tiles_per_warp][W.n_tiles_per_warp][4];
   float zacc[W.m_tiles_per_warp][4];
-#pragma unroll
-  for (int i = 0; i < W.m_tiles_per_warp; ++i) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) zacc[i][q] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W.n_tiles_per_warp; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  }
+  mma_detail::zero_state_accumulators(acc, zacc);
   const T* vbase = static_cast<const T*>(v_in.data) + b * v_in.stride_batch + h * v_in.stride_head;
   unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
   unsigned* v_lo_words = reinterpret_cast<unsigned*>(smem + L.v_lo);
