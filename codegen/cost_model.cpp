@@ -123,10 +123,14 @@ struct TensorCorePhi {
   double gemm_in_F = 0;   // the part of luna_flops those mmas replace
   double wavefronts = 0;  // shared / L1
 };
-TensorCorePhi tensor_core_phi(const AttentionSpec& s) {
+// split: the backward's map (mma_phi_split_tile), psi in three split terms,
+// phi stored as fp32 (or as the state pass's hi + lo tiles, counted alike).
+TensorCorePhi tensor_core_phi(const AttentionSpec& s, bool split) {
   const double d = s.head_dim, M = s.luna.projections, L = s.luna.channels, Hm = s.luna.mlp_width;
   const double M8 = std::ceil(M / 8) * 8, D = s.feature_dim();
-  return {2 * 2 * d * M8 + 2 * M * Hm * L, 2 * d * M + 2 * M * Hm * L, M * Hm / 32 + 2 * d / 64 + D / 64};
+  const double psi_terms = split ? 3 : 1, phi_stores = split ? D / 8 : D / 64;
+  return {2 * 2 * d * M8 + psi_terms * 2 * M * Hm * L, 2 * d * M + 2 * M * Hm * L,
+          M * Hm / 32 + 2 * d / 64 + phi_stores};
 }
 
 // The feature map's Jacobian-transpose (dx and the parameter partial) of one
@@ -214,7 +218,7 @@ struct Split {
 };
 
 void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tensor, double fm_rows_F, double F,
-            bool tc_phi = false) {
+            bool tc_phi = false, bool split_phi = false) {
   // fm_rows_F: feature-map FLOPs (the wavefront rule is per F FLOPs of phi).
   const double rows = F > 0 ? fm_rows_F / F : 0;
   double fm_wave = rows * feature_map_wavefronts_per_token(s, F);
@@ -225,7 +229,7 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
     k.tc_flops = sp.product * sp.tc_terms;
     k.flops += sp.product * (sp.tc_terms - 1);
     if (tc_phi) {
-      const TensorCorePhi p = tensor_core_phi(s);
+      const TensorCorePhi p = tensor_core_phi(s, split_phi);
       k.flops += rows * (p.tc_flops - p.gemm_in_F);
       k.tc_flops += rows * p.tc_flops;
       fm_wave = rows * p.wavefronts;
@@ -369,7 +373,10 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.bytes = 4 * P * slots + 4 * P * Hp;
     k.flops = P * slots;
   }
-  finish(k, sp, s, tensor, sp.fm, Fq);
+  // phi on tensor cores (fp32-level, split) implies the J^T on them too
+  // (MmaPhiSupport is stricter than MmaJacobianSupport), so sp.fm holds phi only.
+  const bool tc_phi = feature_map_on_tensor_cores(s, c, Pass::backward) && jt_tc;
+  finish(k, sp, s, tensor, sp.fm, Fq, tc_phi, /*split_phi=*/true);
   if (tensor) k.tc_dtype = DType::bf16;  // the backward's operands are bf16 hi + lo splits for fp16 I/O too
   return k;
 }
@@ -384,9 +391,9 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // LUNA's feature map too where feature_map_on_tensor_cores says so, every
   // other feature map stays on CUDA cores. The backward: the non-causal bf16
   // and fp16 one (bf16 operands) (templates/lunajit/linear_attention_backward_mma.cuh: the state pass
-  // as the forward's, and the dstate, dq and dkv products; the feature map
-  // stays on CUDA cores, its J^T moves to mma for LUNA's neural map,
-  // jacobian_on_tensor_cores); the causal backward (not the performer's) is
+  // as the forward's, and the dstate, dq and dkv products; LUNA's neural map
+  // and its J^T move to mma, feature_map_on_tensor_cores and
+  // jacobian_on_tensor_cores, other maps stay on CUDA cores); the causal backward (not the performer's) is
   // chunk-parallel with the same inter-chunk products and fp32 intra-chunk terms.
   if (!config.mma() || spec.dtype == DType::fp32) return false;
   if (pass == Pass::backward) return !(spec.causal && spec.family == Family::performer);
@@ -395,8 +402,9 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
 
 bool feature_map_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
   const LunaOptions& o = spec.luna;
-  // The backward's kernels (its state pass included: kSplitPhi) use the fp32 map.
-  return pass == Pass::forward && uses_tensor_cores(spec, config, pass) && spec.dtype == DType::bf16 && spec.family == Family::luna &&
+  // MmaPhiSupport (feature_map_mma.cuh). The backward's kernels (its state pass
+  // included) map phi to fp32 level there (mma_phi_split_tile).
+  return uses_tensor_cores(spec, config, pass) && spec.dtype == DType::bf16 && spec.family == Family::luna &&
          o.variant == LunaVariant::neural && o.shared_channels && spec.head_dim % 16 == 0 && o.mlp_width % 16 == 0 &&
          o.channels % 8 == 0 && spec.head_dim + 8 <= 2 * spec.feature_dim();
 }
@@ -510,7 +518,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
                                       role));
   }
   const bool tc_phi = role != "feature_map" && role != "key_stab" && feature_map_on_tensor_cores(s, c, pass);
-  finish(k, sp, s, tensor, sp.fm, Fq, tc_phi);
+  finish(k, sp, s, tensor, sp.fm, Fq, tc_phi, /*split_phi=*/pass == Pass::backward);
   if (tensor && pass == Pass::backward) k.tc_dtype = DType::bf16;  // the split state pass: bf16 operands
   return k;
 }

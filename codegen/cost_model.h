@@ -81,6 +81,12 @@
 //       activation); wavefronts M Hm / 32 (W1, b1: 8 loads per lane per 16
 //       rows, projection and k16 step, one wavefront each) + d / 64 (the bf16
 //       copy of x, stored) + d / 64 (its ldmatrix) + D / 64 (phi's stores).
+//       The backward's kernels (state, dstate, dq, dkv, causal_dq, causal_dkv)
+//       map phi to fp32 level (mma_phi_split_tile): psi in three split terms,
+//       tc_flops 2 * 2 d M8 + 3 * 2 M Hm L, and phi stored as an fp32 tile by
+//       64-bit stores whose 8 rows per fragment share banks (row stride D
+//       words, D a multiple of 32): 4 wavefronts per 32 floats, D / 8 per row
+//       in place of D / 64.
 //   SFU ops per token of phi: luna activations gelu 1 (erf), silu 2 (ex2, rcp),
 //   tanh 1, relu 0; softplus 2 (ex2, lg2); performer D (exp); rff 2m (sin,
 //   cos); hedgehog f (exp); slay R M + P; cosformer 2d; elu d; normalized

@@ -294,4 +294,174 @@ struct MmaPhi<K, true> {
   }
 };
 
+// ------------------------------------------------------------ the backward's map
+// The backward kernels need phi to fp32 level (2^-16 relative), as the rest
+// of the tensor-core backward, not once-rounded to bf16 (docs/MATH.md
+// "Tensor-core feature map in the backward"): the same three steps as
+// MmaPhi, with the hidden layer and W2 each split into bf16 hi + lo and psi =
+// H_hi W2_hi + H_hi W2_lo + H_lo W2_hi + b2 (the lo x lo term is below 2^-16
+// relative); u = X W^T as the forward (x exact, W = W_hi + W_lo). Every product
+// is exact in fp32, every sum fp32 in k order.
+//
+// store(r, f, v0, v1) receives phi[r][f], phi[r][f + 1] (f even) of every row
+// r < rows_alloc, 0 past valid; scratch[r] = the gate h(x) / sqrt(M) of rows
+// r < valid (as FM::apply, which the backward's J^T reads). x_words: the bf16
+// copy of x, (rows_alloc, d + 8) halves, must not overlap x, scratch or what
+// store writes. Needs x visible to every thread on entry; what store wrote is
+// the block's after the caller's next barrier.
+template <class K, int NT, class Store>
+LUNAJIT_DEVICE void mma_phi_split_tile(const float* params, const float* x, unsigned* x_words, float* scratch,
+                                       int valid, int rows_alloc, Store&& store) {
+  using FM = typename K::FeatureMap;
+  using Opt = typename FM::Options;
+  using T = typename K::T;
+  using P = LunaMmaParams<Opt>;
+  static_assert(MmaPhiSupport<FM, T>::value, "mma_phi_split_tile: LUNA's neural map with bf16 I/O (MmaPhiSupport)");
+  constexpr int d = P::d, M = P::M, L = P::L, Hm = P::Hm, PX = mma_row_halves(d);
+  const float inv_sqrt_m = 1.0f / sqrtf((float)M);
+  mma_detail::round_rows<T, NT, d, PX>(x, x_words, valid, rows_alloc);
+  for (int r = threadIdx.x; r < valid; r += NT) {
+    float gate = inv_sqrt_m;
+    if constexpr (Opt::envelope) gate *= fm::sigmoid(fm::dot(params + FM::kA, x + r * d, d) + params[FM::kC]);
+    scratch[r] = gate;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  // b2 in this lane's fragment positions; W^T's per item and W2^T's per use, below.
+  float b2[P::NL][2];
+#pragma unroll
+  for (int nl = 0; nl < P::NL; ++nl) {
+    b2[nl][0] = params[FM::kB2 + nl * 8 + 2 * t];
+    b2[nl][1] = params[FM::kB2 + nl * 8 + 2 * t + 1];
+  }
+  __syncthreads();  // x_words, scratch
+  const T* x_h = reinterpret_cast<const T*>(x_words);
+  // Work items (16-row m-tile, projection group): with fewer m-tiles than
+  // warps (the causal backward's 16-token chunks) the warps share a tile's
+  // projections (each recomputes the tile's u, 2 KP NP mmas), so none idles.
+  constexpr int NW = NT / 32;
+  const int mtiles = rows_alloc / 16;
+  const int groups = mtiles >= NW ? 1 : min(M, NW / mtiles);
+  for (int item = warp; item < mtiles * groups; item += NW) {  // warp-uniform
+    const int m0 = (item / groups) * 16, group = item % groups;
+    const int r0 = m0 + g, r1 = m0 + g + 8;
+    if (m0 >= valid) {  // rows past the end are zero
+      for (int p = group; p < M; p += groups)
+#pragma unroll
+        for (int f = 2 * t; f < L; f += 8) {
+          store(r0, p * L + f, 0.0f, 0.0f);
+          store(r1, p * L + f, 0.0f, 0.0f);
+        }
+      continue;
+    }
+    float u[P::NP][4];
+    {
+      // W^T hi + lo (as the forward), loaded per item (one per warp in the
+      // default tiles) so that their registers are free during the walk below.
+      unsigned w_hi[P::KP][P::NP][2], w_lo[P::KP][P::NP][2];
+      P::load_w(params, lane, w_hi, w_lo);
+      P::template project<T, PX>(u, x_h, m0, lane, w_hi, w_lo);
+    }
+    const float gate0 = r0 < valid ? scratch[r0] : 0.0f, gate1 = r1 < valid ? scratch[r1] : 0.0f;
+    // Not unrolled over the projections (unlike MmaPhi): unrolled, ptxas hoists
+    // W1 and b1 of every step out of the loop and the causal dkv kernel spills
+    // at sm_90's 128-register cap (two blocks per SM).
+#pragma unroll 1
+    for (int p = group; p < M; p += groups) {
+      float up0 = 0.0f, up1 = 0.0f;  // this lane's u of projection 8 (p / 8) + 2t + (p & 1): a register select
+#pragma unroll
+      for (int nt = 0; nt < P::NP; ++nt)
+        if (nt == p / 8) {
+          up0 = (p & 1) ? u[nt][1] : u[nt][0];
+          up1 = (p & 1) ? u[nt][3] : u[nt][2];
+        }
+      const int src = 4 * g + (p % 8) / 2;  // holds u of rows g, g + 8 for projection p
+      const float ug = __shfl_sync(0xffffffffu, up0, src);
+      const float uh = __shfl_sync(0xffffffffu, up1, src);
+      float psi[P::NL][4];
+#pragma unroll
+      for (int nl = 0; nl < P::NL; ++nl) {
+        psi[nl][0] = psi[nl][2] = b2[nl][0];
+        psi[nl][1] = psi[nl][3] = b2[nl][1];
+      }
+      // Nor over the hidden layer's k-steps (nothing in registers is indexed
+      // by kk): unrolled, ptxas keeps every step's H fragments live at once.
+#pragma unroll 1
+      for (int kk = 0; kk < P::KH; ++kk) {
+        const int j = kk * 16 + 2 * t;
+        const float w1[4] = {params[FM::kW1 + j], params[FM::kW1 + j + 1], params[FM::kW1 + j + 8],
+                             params[FM::kW1 + j + 9]};
+        const float b1[4] = {params[FM::kB1 + j], params[FM::kB1 + j + 1], params[FM::kB1 + j + 8],
+                             params[FM::kB1 + j + 9]};
+        const auto h = [&](int c, float uu) { return fm::activation<Opt::activation>(fmaf(w1[c], uu, b1[c])); };
+        unsigned ahi[4], alo[4];
+        mma_detail::split_bf16x2(h(0, ug), h(1, ug), ahi[0], alo[0]);
+        mma_detail::split_bf16x2(h(0, uh), h(1, uh), ahi[1], alo[1]);
+        mma_detail::split_bf16x2(h(2, ug), h(3, ug), ahi[2], alo[2]);
+        mma_detail::split_bf16x2(h(2, uh), h(3, uh), ahi[3], alo[3]);
+#pragma unroll
+        for (int nl = 0; nl < P::NL; ++nl) {
+          // W2^T's B fragment (k = hidden unit j, j + 1 and j + 8, j + 9; n = channel g) as
+          // hi + lo, re-read from L1 per projection like W1 and b1: held in registers
+          // through the walk they spill the causal state kernel on sm_80 (128-register cap).
+          const float* w2 = params + FM::kW2 + (nl * 8 + g) * Hm + j;
+          unsigned bhi[2], blo[2];
+          mma_detail::split_bf16x2(w2[0], w2[1], bhi[0], blo[0]);
+          mma_detail::split_bf16x2(w2[8], w2[9], bhi[1], blo[1]);
+          mma::mma_m16n8k16<T>(psi[nl], ahi, bhi, psi[nl]);
+          mma::mma_m16n8k16<T>(psi[nl], ahi, blo, psi[nl]);
+          mma::mma_m16n8k16<T>(psi[nl], alo, bhi, psi[nl]);
+        }
+      }
+      // phi[r][p L + 8 nl + 2t, +1] = gate_r out_act(psi) (FM::apply's order: activation, then gate).
+#pragma unroll
+      for (int nl = 0; nl < P::NL; ++nl) {
+        const int f = p * L + nl * 8 + 2 * t;
+        const auto oa = [](float v) { return fm::output_activation<Opt::output_activation>(v); };
+        if (r0 < valid) store(r0, f, gate0 * oa(psi[nl][0]), gate0 * oa(psi[nl][1]));
+        else store(r0, f, 0.0f, 0.0f);
+        if (r1 < valid) store(r1, f, gate1 * oa(psi[nl][2]), gate1 * oa(psi[nl][3]));
+        else store(r1, f, 0.0f, 0.0f);
+      }
+    }
+  }
+}
+
+namespace mma_detail {
+// Two fp32 values to adjacent shared words as one 64-bit store (see load_pair).
+LUNAJIT_DEVICE void store_pair(float* p, float v0, float v1) {
+  *reinterpret_cast<unsigned long long*>(p) =
+      (unsigned long long)__float_as_uint(v0) | ((unsigned long long)__float_as_uint(v1) << 32);
+}
+}  // namespace mma_detail
+
+// The backward kernels' fp32 phi tile (rows < valid of phi, (rows, D)) and
+// the gate in scratch: on tensor cores to fp32 level where MmaPhiSupport holds
+// (x_words: the bf16 copy of x, rows_alloc x (d + 8) halves, disjoint from
+// x, phi and scratch), else FM::apply. Ends with a barrier, as FM::apply.
+template <class K, int NT>
+LUNAJIT_DEVICE void backward_phi_tile(const float* x, float* phi, float* scratch, unsigned* x_words, int valid,
+                                      int rows_alloc, const FeatureContext& ctx) {
+  if constexpr (MmaPhiSupport<typename K::FeatureMap, typename K::T>::value) {
+    mma_phi_split_tile<K, NT>(ctx.params, x, x_words, scratch, valid, rows_alloc, [&](int r, int f, float v0, float v1) {
+      if (r < valid) mma_detail::store_pair(phi + r * K::D + f, v0, v1);
+    });
+    __syncthreads();
+  } else {
+    (void)x_words;
+    (void)rows_alloc;
+    K::FeatureMap::template apply<NT>(x, phi, scratch, valid, ctx);
+  }
+}
+
+// Whether the backward maps phi on tensor cores (backward_phi_tile): the
+// x_words it needs, in floats, else 0.
+template <class K>
+LUNAJIT_HOST_DEVICE constexpr int backward_phi_x_floats(int rows) {
+  if constexpr (MmaPhiSupport<typename K::FeatureMap, typename K::T>::value)
+    return (rows * mma_row_halves(K::FeatureMap::d) + 1) / 2;
+  else
+    return 0;
+}
+
 }  // namespace lunajit

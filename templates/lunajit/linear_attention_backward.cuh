@@ -88,19 +88,30 @@ LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* de
 // z and then g (in place of dout) and r, for the dstate and dq kernels
 // (scalar and mma).
 // Ends with a barrier.
-template <class K>
+// map(x, phi, scratch, valid, ctx): the feature map (FM::apply in the scalar
+// kernels; the tensor-core backward passes backward_phi_tile); it ends with a barrier.
+template <class K, class Map>
 LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
-                                         float* smem, const float* z, const FeatureContext& ctx) {
+                                         float* smem, const float* z, const FeatureContext& ctx, Map&& map) {
   constexpr int NT = K::threads, D = K::D, DV = K::dv;
   load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, smem + L.dout);
   load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   __syncthreads();
-  K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
+  map(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
   for (int i = threadIdx.x; i < valid; i += NT)
     smem[L.den + i] = K::normalize ? fm::dot_rotated<D>(smem + L.phi_q + i * D, z, i) + K::eps : 1.0f;
   __syncthreads();
   query_gradients<K>(smem + L.dout, smem + L.o, smem + L.den, smem + L.r, valid);
+}
+
+template <class K>
+LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
+                                         float* smem, const float* z, const FeatureContext& ctx) {
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx,
+                          [](const float* x, float* phi, float* scratch, int n, const FeatureContext& c) {
+                            K::FeatureMap::template apply<K::threads>(x, phi, scratch, n, c);
+                          });
 }
 
 template <class K>

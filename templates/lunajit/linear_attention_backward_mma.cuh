@@ -119,6 +119,18 @@ LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, 
   return 1.0f / scale;  // a power of two: exact
 }
 
+// The feature map of the tensor-core backward for query_tile_gradients:
+// backward_phi_tile (feature_map_mma.cuh) with its bf16 copy of x in x_words.
+template <class K>
+struct BackwardPhi {
+  unsigned* x_words;
+  int rows_alloc;
+  LUNAJIT_DEVICE void operator()(const float* x, float* phi, float* scratch, int valid,
+                                 const FeatureContext& ctx) const {
+    backward_phi_tile<K, K::threads>(x, phi, scratch, x_words, valid, rows_alloc, ctx);
+  }
+};
+
 }  // namespace mma_detail
 
 template <class K>
@@ -202,10 +214,13 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   const Op* g_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
   unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
   unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
+  static_assert(LM.a_h - LM.phi_h >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in phi_h, phi_lo");
   __syncthreads();  // z
   for (int t0 = range.begin; t0 < range.end; t0 += Tk) {
     const int valid = min(Tk, range.end - t0);
-    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f});
+    // phi(q)'s x copy in the (still free) phi_h, phi_lo tiles.
+    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f},
+                            mma_detail::BackwardPhi<K>{reinterpret_cast<unsigned*>(smem + LM.phi_h), Tk});
     mma_detail::split_rows<NT, D, PD>(smem + L.phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                       reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
     mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
@@ -255,7 +270,10 @@ __global__ void __launch_bounds__(K::threads,
       a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, z,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
-  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx);
+  // phi(q)'s x copy in the dphi tile, free until the products' epilogue.
+  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in dphi");
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx,
+                          mma_detail::BackwardPhi<K>{reinterpret_cast<unsigned*>(dphi), Tk});
   mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                      reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
   __syncthreads();
@@ -321,7 +339,8 @@ __global__ void __launch_bounds__(K::threads,
   __syncthreads();
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 0,
                            K::performer ? a.workspace[bh] : 0.0f};
-  K::FeatureMap::template apply<NT>(smem + L.x, phi, smem + L.scratch, valid, ctx);
+  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in dphi");
+  backward_phi_tile<K, NT>(smem + L.x, phi, smem + L.scratch, reinterpret_cast<unsigned*>(dphi), valid, Tk, ctx);
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
     mma_detail::split_rows<NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                        reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
@@ -437,15 +456,17 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
-  K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, FeatureContext{params, t0, seq, 0, 0.0f});
-  __syncthreads();
+  // Both maps put their x copy in the dphi tile, free until the epilogues.
+  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(C), "phi's x copy fits in dphi");
+  unsigned* x_words = reinterpret_cast<unsigned*>(dphi);
+  backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C,
+                           FeatureContext{params, t0, seq, 0, 0.0f});
   const FeatureContext ctx{params, t0, seq, 1, 0.0f};
   load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
   load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   __syncthreads();
-  K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, ctx);
-  __syncthreads();
+  backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;
     // Rotated by the element index: the 32 lanes of a warp (consecutive e) start
@@ -568,13 +589,16 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
   __syncthreads();
-  K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, FeatureContext{params, t0, seq, 1, 0.0f});
-  __syncthreads();
+  // Both maps put their x copy in the dphi tile, free until the epilogues.
+  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(C), "phi's x copy fits in dphi");
+  unsigned* x_words = reinterpret_cast<unsigned*>(dphi);
+  backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
+                           FeatureContext{params, t0, seq, 1, 0.0f});
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
   const FeatureContext ctx{params, t0, seq, 0, 0.0f};
-  K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, ctx);
+  backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
   query_gradients<K>(g, smem + L.o, den, r, valid);  // ends with a barrier: phi(k) is visible
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;

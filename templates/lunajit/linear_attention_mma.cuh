@@ -241,7 +241,16 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
     }
     __syncthreads();
     const FeatureContext ctx{params, t0, seq, 0, key_stab};
-    if constexpr (kSplitPhi) {
+    if constexpr (kSplitPhi && MmaPhiSupport<typename K::FeatureMap, T>::value) {
+      // phi to fp32 level on tensor cores, split straight into the hi + lo
+      // tiles; x's bf16 copy in the fp32 phi tile (MmaPhiSupport: it fits).
+      unsigned* hi = reinterpret_cast<unsigned*>(smem + L.phi_h);
+      unsigned* lo = reinterpret_cast<unsigned*>(smem + L.phi_lo);
+      mma_phi_split_tile<K, NT>(params, smem + L.x, reinterpret_cast<unsigned*>(smem + L.phi), smem + L.scratch, valid,
+                                Tk, [&](int r, int f, float v0, float v1) {
+                                  mma_detail::split_bf16x2(v0, v1, hi[(r * PD + f) / 2], lo[(r * PD + f) / 2]);
+                                });
+    } else if constexpr (kSplitPhi) {
       K::FeatureMap::template apply<NT>(smem + L.x, smem + L.phi, smem + L.scratch, valid, ctx);
       __syncthreads();
       mma_detail::split_rows<NT, D, PD>(smem + L.phi, reinterpret_cast<unsigned*>(smem + L.phi_h),

@@ -159,8 +159,9 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   EXPECT_EQ(k.cuda_flops, 64 * 1664);
   EXPECT_EQ(k.flops, k.tc_flops + k.cuda_flops);
   EXPECT_DOUBLE_EQ(k.smem_wavefronts, 64 * 19 + 258);
-  // Not for the standalone feature map, the backward, or maps without the form.
-  EXPECT_FALSE(feature_map_on_tensor_cores(s, c, Pass::backward));
+  // The backward maps phi on tensor cores too (to fp32 level, MmaBackwardCountsTheSplitProducts);
+  // not the standalone feature map, or maps without the form.
+  EXPECT_TRUE(feature_map_on_tensor_cores(s, c, Pass::backward));
   EXPECT_FALSE(feature_map_on_tensor_cores(s, c.with_mma(false), Pass::forward));
   auto fm = kernel_counts(s, c, Pass::forward, "feature_map", {1, 1, 64}).value_or_throw();
   EXPECT_EQ(fm.tc_flops, 0);
@@ -207,6 +208,12 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
 //          58624, 2048 more than the fp32 code
 //   wavefronts: M/16 (8 + 32 + 32 + 32 + 4) + 20 D / 128 + 2 d / 64 + M / 32 + 4 d M / 32
 //          = 54 + 10 + 2 + 0.25 + 64 = 130.25
+// Every kernel that maps phi (one row per token; two in the causal dq and
+// dkv) maps it on tensor cores to fp32 level (mma_phi_split_tile): per row
+// 2 * 2 d M (u, W split) + 3 * 2 M Hm L (psi, three split terms) = 2048 +
+// 24576 = 26624 on mma, replacing 2 d M + 2 M Hm L = 9216 of F (17408 more
+// executed), and M Hm / 32 + 2 d / 64 + D / 8 = 16 + 2 + 8 = 26 wavefronts in
+// place of the fp32 map's 282.
 TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   const AttentionSpec s = default_spec(Family::luna);  // bf16, D = dv = 64
   const TileConfig c = TileConfig(64, 4, 64, 64, 1).with_mma(true);
@@ -220,9 +227,9 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     SCOPED_TRACE(role);
     const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
     const auto scalar = kernel_counts(s, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
-    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + (jt ? N * 51200 : 0));
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + (jt ? N * 51200 : 0) + N * 26624);
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
-    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm + (jt ? N * 2048 : 0));
+    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm + (jt ? N * 2048 : 0) + N * 17408);
     EXPECT_EQ(scalar.tc_flops, 0);
     EXPECT_LT(k.smem_wavefronts, scalar.smem_wavefronts);
   }
@@ -240,7 +247,7 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
                                    std::tuple{"causal_dkv", N * 4 * D * dv, 2.5}}) {
     SCOPED_TRACE(role);
     const auto k = kernel_counts(causal, c, Pass::backward, role, shape).value_or_throw();
-    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 51200);
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 51200 + 2 * N * 26624);  // phi(q) and phi(k)
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
     EXPECT_EQ(k.serial_steps, 0);  // no chunk walk
     const auto scalar = kernel_counts(causal, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
@@ -267,8 +274,8 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     EXPECT_EQ(k.tc_dtype, DType::bf16);
   }
   const auto dq = kernel_counts(s, c, Pass::backward, "dq", shape).value_or_throw();
-  // dq = phi's rule (282 per row, as the forward's state kernel) + the J^T's 130.25 + G S^T's 3 split terms.
-  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (282 + 130.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
+  // dq = phi on tensor cores (26 per row) + the J^T's 130.25 + G S^T's 3 split terms.
+  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (26 + 130.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
 }
 
 TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {

@@ -8,6 +8,7 @@
 // default bf16 configs, scalar and mma, forward and backward, is checked for
 // spills by default_kernel_compile_test.cpp (issue 11 item 5); this test
 // adds the fp16 mma kernels.
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -265,6 +266,79 @@ TEST(MmaJacobianNvrtc, HostAgreesWithTheTemplate) {
       if (model) EXPECT_EQ(k8 % expect, 0) << res.name_expression;
       EXPECT_EQ(k8 > 0, model) << res.name_expression;
       EXPECT_EQ(res.spill_stores, 0) << res.name_expression;
+    }
+  }
+}
+
+// feature_map_on_tensor_cores for the backward (host) against the template
+// (backward_phi_tile / mma_phi_split_tile: MmaPhiSupport, device). The
+// backward's state and dstate kernels map phi without a J^T; against the same
+// spec with separate channels (same D, dv and tiles, so the same product mmas,
+// but no tensor-core form) each holds 2 KP NP (u, W split) + 3 NL (psi,
+// three split terms, in the body of the loops over the projections and the
+// hidden layer's k-steps, which are not unrolled) more mma.sync exactly when
+// the host says phi is on tensor cores. (Spills: MmaBackwardNvrtc checks the
+// default spec's kernels; ptxas holds this test's envelope + softplus + gelu
+// variant's state kernel at 128 registers on sm_80 and spills 4 bytes there.)
+TEST(MmaBackwardFeatureMapNvrtc, CostModelAgreesWithTheTemplate) {
+  const Arch arch = arch_from_sm(80).value_or_throw();
+  NvrtcOptions o;
+  o.emit_ptx = true;
+  auto mmas = [&](const AttentionSpec& spec, const TileConfig& config) {
+    std::map<std::string, int> out;
+    const KernelSource src = generate(spec, config, Pass::backward).value_or_throw();
+    auto r = compile_nvrtc(src, arch, o);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    if (!r.ok()) return out;
+    for (const KernelResources& res : r->resources) {
+      for (const char* k : {"lunajit::mma_backward_state_kernel", "lunajit::mma_dstate_kernel"})
+        if (res.name_expression.rfind(k, 0) == 0) out[k] = count(entry_text(r->ptx, res.lowered_name), "mma.sync");
+    }
+    return out;
+  };
+  struct Variant {
+    const char* what;
+    void (*change)(AttentionSpec&);
+    bool expect;
+  };
+  const Variant variants[] = {
+      {"default", [](AttentionSpec&) {}, true},
+      {"envelope, softplus, gelu", [](AttentionSpec& s) {
+         s.luna.envelope = true;
+         s.luna.output_activation = OutputActivation::softplus;
+         s.luna.activation = Activation::gelu;
+       }, true},
+      {"M 4, L 16, Hm 32", [](AttentionSpec& s) {
+         s.luna.projections = 4;
+         s.luna.channels = 16;
+         s.luna.mlp_width = 32;
+       }, true},
+      {"Hm 24", [](AttentionSpec& s) { s.luna.mlp_width = 24; }, false},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    AttentionSpec spec = default_spec(Family::luna);
+    spec.causal = false;
+    spec.dtype = DType::bf16;
+    v.change(spec);
+    AttentionSpec separate = spec;
+    separate.luna.shared_channels = false;
+    const TileConfig config = default_config(spec, arch, Pass::backward).with_mma(true);
+    ASSERT_TRUE(can_implement(spec, config, arch, Pass::backward));
+    ASSERT_TRUE(can_implement(separate, config, arch, Pass::backward));
+    const bool model = feature_map_on_tensor_cores(spec, config, Pass::backward);
+    EXPECT_EQ(model, v.expect);
+    EXPECT_FALSE(feature_map_on_tensor_cores(separate, config, Pass::backward));
+    const LunaOptions& l = spec.luna;
+    const int phi_mmas = 2 * (spec.head_dim / 16) * ((l.projections + 7) / 8) +
+                         3 * (l.channels / 8);
+    const auto a = mmas(spec, config), b = mmas(separate, config);
+    ASSERT_EQ(a.size(), 2u);
+    ASSERT_EQ(b.size(), 2u);
+    for (const auto& [kernel, n] : a) {
+      std::printf("%-28s %-36s mma.sync %3d, separate channels %3d (model: phi on tensor cores %d, %d each)\n",
+                  v.what, kernel.c_str(), n, b.at(kernel), model, phi_mmas);
+      EXPECT_EQ(n - b.at(kernel), model ? phi_mmas : 0) << kernel;
     }
   }
 }
