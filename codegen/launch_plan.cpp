@@ -166,7 +166,7 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
   if (role == "dkv") return backward_smem_layout(BackwardKind::dkv, backward_dims(spec, c)).bytes();
   if (role == "causal_dq") return backward_smem_layout(BackwardKind::causal_dq, backward_dims(spec, c)).bytes();
   if (role == "causal_dkv") return backward_smem_layout(BackwardKind::causal_dkv, backward_dims(spec, c)).bytes();
-  if (role == "param_reduce") return 0;
+  if (role == "param_reduce") return 4LL * c.threads();  // one partial per thread (its warps' ranges)
   auto dims = [&](int tokens) {
     return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
                       c.threads(), running_max(spec)};
@@ -255,7 +255,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       }
       if (p.param_floats > 0) {
         const unsigned blocks = spec.params_per_head ? static_cast<unsigned>(shape.heads) : 1u;
-        add("param_reduce", {ceil_div(p.param_floats, c.threads()), blocks, 1});
+        add("param_reduce", {ceil_div(p.param_floats, 32), blocks, 1});  // 32 parameters a block
       }
       plan.workspace_floats =
           backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
