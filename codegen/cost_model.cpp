@@ -179,19 +179,24 @@ Jacobian jacobian_per_row(const AttentionSpec& s, bool tensor_cores, double F) {
   j.counted = true;
   if (tensor_cores) {
     // dpre (D (2 + out')), db2 (D); per item and hidden unit a, act, act', da, du, dW1, db1
-    // (8 + act + act'); dx, dW. On mma: u = X W^T with W split in two (2 * 2 d M8, as the
+    // (8 + act + act'). On mma: u = X W^T with W split in two (2 * 2 d M8, as the
     // forward's tensor-core map), dh = dpre W2 and dW2^T += H^T dpre (2 M L Hm each, three
-    // split terms).
-    const double M8 = std::ceil(M / 8) * 8;
-    j.tc_flops = 2 * 2 * d * M8 + 2 * 3 * 2 * M * L * Hm;
-    j.flops = D * (3 + out) + M * Hm * (8 + act + actg) + tail + env + j.tc_flops;
+    // split terms), and the tail: dx = dU W (2 d M8, three split terms) and dW^T += X^T dU
+    // (2 d M8, two: x exact).
+    const double M8 = std::ceil(M / 8) * 8, KM = M8 / 8;
+    j.tc_flops = 2 * 2 * d * M8 + 2 * 3 * 2 * M * L * Hm + 5 * 2 * d * M8;
+    j.flops = D * (3 + out) + M * Hm * (8 + act + actg) + env + j.tc_flops;
     // Per 16 items: ldmatrix of dpre (A and B, x4 each, per 8 channels), hidden tiles stored
     // (2 rows x hi, lo per 8 units) and read back (.trans x4, hi and lo, per 16 units), W1 and b1
     // (2 loads each per 8 units), u read and du written (2 each); per row dpre's fp32 passes (dphi,
     // phi read, dpre written, db2 read: 16 D bytes) and its hi + lo tiles (4 D bytes), x's bf16
-    // copy and its ldmatrix (2 d / 64), u's stores (M8 / 32); the tail dx, dW (4 d M / 32).
+    // copy and its ldmatrix (2 d / 64), u's stores (M8 / 32); the tail, per 16 rows: dx per
+    // 8-column n-tile 4 dU loads and 8 W wavefronts per k-step, 16 for its two 64-bit stores
+    // (a fragment's rows share banks); dW per 16-column m-tile and k-step an ldmatrix.x4 (4)
+    // and 4 dU loads at about 2 wavefronts each.
     const double per16 = 8 * (L / 8) + 4 * (Hm / 8) + 8 * (Hm / 16) + 4 * (Hm / 8) + 4;
-    j.wavefronts = M / 16 * per16 + 20 * D / 128 + 2 * d / 64 + M8 / 32 + 4 * d * M / 32;
+    const double tail_wave = (d / 8) * (12 * KM + 16) / 16 + (d / 16) * KM * 12 / 16;
+    j.wavefronts = M / 16 * per16 + 20 * D / 128 + 2 * d / 64 + M8 / 32 + tail_wave;
     j.sfu = M * Hm * (sfu_h + sfu_g) + soft * 2 * D;
     return j;
   }

@@ -233,15 +233,21 @@
 //         would be 21,760).
 //       tensor cores (feature_map_backward_mma.cuh; jacobian_on_tensor_cores):
 //         dpre and db2 D (3 + o); per item and hidden unit a, act, act', da, du,
-//         dW1, db1: M Hm (8 + a + a'); dx, dW 4dM; on mma u = X W^T with W split
-//         (2 * 2 d M8, M8 = M rounded up to 8) and dh = dpre W2, dW2^T += H^T dpre
-//         (2 M L Hm each, three split terms): tc 4 d M8 + 12 M L Hm. At the
-//         default: 7,424 on CUDA cores + 51,200 on mma.
+//         dW1, db1: M Hm (8 + a + a'); on mma u = X W^T with W split (2 * 2 d
+//         M8, M8 = M rounded up to 8), dh = dpre W2, dW2^T += H^T dpre (2 M L Hm
+//         each, three split terms), dx = dU W (2 d M8, three split terms) and
+//         dW^T += X^T dU (2 d M8, two: x exact): tc 14 d M8 + 12 M L Hm. At the
+//         default: 5,376 on CUDA cores + 56,320 on mma.
 //         Wavefronts per row: M/16 per 16 items (8 L/8 ldmatrix of dpre, 4 Hm/8
 //         hidden-tile stores, 8 Hm/16 ldmatrix.trans of them, 4 Hm/8 W1, b1
 //         loads, 4 u and du) + 20 D / 128 (dpre's fp32 passes, hi + lo tiles)
 //         + 2 d / 64 (x's bf16 copy and its ldmatrix) + M8 / 32 (u's stores)
-//         + 4 d M / 32 (dx, dW). At the default: 130.25 (the fp32 map: 282).
+//         + d/8 (12 KM + 16) / 16 (dx per 8 columns and 16 rows: 4 dU loads and
+//         8 W wavefronts per k-step of KM = M8 / 8, 16 for its two 64-bit
+//         stores, whose fragment rows share banks) + d/16 KM 12 / 16 (dW: an
+//         ldmatrix.x4 and 4 dU loads of about 2 wavefronts per 16 columns, 16
+//         rows). At the default: 83.25 (the fp32 map: 282; 130.25 with dx, dW in
+//         fp32, 4 d M / 32).
 //         SFU: M Hm (act + act') (+ 2D for softplus's 1 - exp(-phi/gate)).
 //   - every other map: ESTIMATE, not a count, J = 2F of the same row (the usual
 //     "backward of a layer costs twice its forward" rule; relu's true J^T is d

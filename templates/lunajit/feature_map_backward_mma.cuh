@@ -276,8 +276,93 @@ struct MmaFeatureBackward<K, TK, true> {
       const int dst = e < Hm ? FM::kW1 + e : e < 2 * Hm ? FM::kB1 + (e - Hm) : FM::kW2 + (e - 2 * Hm);
       dparams[dst] += s;
     }
-    FB::template projection_gradients<NT>(x, valid, p, bs, dx, dparams);
+    __syncthreads();  // the warps' partials are read: x's bf16 copy may take their region again
+    projection_gradients<NT>(x, valid, p, bs, dx, dparams, stage + 2 * kDpreFloats);
     __syncthreads();
+  }
+
+  // dx = dU W (+ the envelope's denv a) and dW += dU^T X on tensor cores (the
+  // fp32 code: FeatureMapBackward::projection_gradients, 4 d M FMAs a row with
+  // two L1/shared operands each). dU (bs's du columns) is split into bf16 hi +
+  // lo, W too; x's bf16 copy is exact:
+  //   dx:  m16n8k8, A = dU (16 rows x 8 projections, from bs), B = W (8
+  //        projections x 8 columns, from L1), three split terms; per (m-tile,
+  //        8-column n-tile) item;
+  //   dW^T = X^T dU: m16n8k16, A = X^T by ldmatrix.trans of x's copy, B = dU
+  //        (16 rows x 8 projections), two terms (x exact); per (16-column
+  //        m-tile, 8-projection n-tile) item, over the rows in order; each
+  //        entry of dW has one owner lane, which adds it to dparams.
+  // The envelope's (a, c) gradient stays fp32 (d + 1 dot products a tile).
+  template <int NT>
+  static LUNAJIT_DEVICE void projection_gradients(const float* x, int valid, const float* p, const float* bs,
+                                                  float* dx, float* dparams, float* x_stage) {
+    constexpr int KM = (M + 7) / 8, NTD = d / 8, MTD = d / 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3, lm = lane >> 3, lr = lane & 7;
+    unsigned* x_words = reinterpret_cast<unsigned*>(x_stage);
+    mma_detail::round_rows<T, NT, d, PX>(x, x_words, valid, Tk);
+    __syncthreads();
+    const int mtiles = (valid + 15) / 16;
+    const auto du = [&](int r, int i) { return r < valid && i < M ? bs[r * S + 1 + M + i] : 0.0f; };
+    for (int item = warp; item < mtiles * NTD; item += NW) {  // warp-uniform
+      const int m0 = (item / NTD) * 16, c0 = (item % NTD) * 8;
+      const int r0 = m0 + g, r1 = m0 + g + 8;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int kk = 0; kk < KM; ++kk) {
+        const int i = kk * 8 + 2 * t;
+        unsigned ahi[2], alo[2], bhi[1], blo[1];
+        mma_detail::split_bf16x2(du(r0, i), du(r0, i + 1), ahi[0], alo[0]);
+        mma_detail::split_bf16x2(du(r1, i), du(r1, i + 1), ahi[1], alo[1]);
+        const int c = c0 + g;
+        mma_detail::split_bf16x2(i < M ? p[FM::kW + i * d + c] : 0.0f, i + 1 < M ? p[FM::kW + (i + 1) * d + c] : 0.0f,
+                                 bhi[0], blo[0]);
+        mma::mma_m16n8k8<T>(acc, ahi, bhi, acc);
+        mma::mma_m16n8k8<T>(acc, ahi, blo, acc);
+        mma::mma_m16n8k8<T>(acc, alo, bhi, acc);
+      }
+      // Rows g, g + 8, columns c0 + 2t, + 1: one 64-bit store each (a fragment's 8
+      // rows share banks at the d-float stride: 4 wavefronts per half-warp).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = h == 0 ? r0 : r1, c = c0 + 2 * t;
+        if (r >= valid) continue;
+        float v0 = acc[2 * h], v1 = acc[2 * h + 1];
+        if constexpr (Opt::envelope) {
+          v0 = fmaf(bs[r * S], p[FM::kA + c], v0);
+          v1 = fmaf(bs[r * S], p[FM::kA + c + 1], v1);
+        }
+        mma_detail::store_pair(dx + r * d + c, v0, v1);
+      }
+    }
+    const T* x_h = reinterpret_cast<const T*>(x_stage);
+    for (int item = warp; item < MTD * KM; item += NW) {  // warp-uniform
+      const int c0 = (item / KM) * 16, i0 = (item % KM) * 8;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int m0 = 0; m0 < mtiles * 16; m0 += 16) {
+        // A = X^T (matrix m: columns c0 + 8 (m & 1), rows m0 + 8 (m >> 1)) by .trans.
+        unsigned a[4];
+        mma::ldmatrix<4, true>(a, x_h + (m0 + 8 * (lm >> 1) + lr) * PX + c0 + 8 * (lm & 1));
+        unsigned bhi[2], blo[2];
+        mma_detail::split_bf16x2(du(m0 + 2 * t, i0 + g), du(m0 + 2 * t + 1, i0 + g), bhi[0], blo[0]);
+        mma_detail::split_bf16x2(du(m0 + 2 * t + 8, i0 + g), du(m0 + 2 * t + 9, i0 + g), bhi[1], blo[1]);
+        mma::mma_m16n8k16<T>(acc, a, bhi, acc);
+        mma::mma_m16n8k16<T>(acc, a, blo, acc);
+      }
+      // C = dW^T: rows c0 + g (+ 8), columns (projections) i0 + 2t (+ 1).
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int c = c0 + g + 8 * (q >> 1), i = i0 + 2 * t + (q & 1);
+        if (i < M) dparams[FM::kW + i * d + c] += acc[q];
+      }
+    }
+    if constexpr (Opt::envelope) {
+      for (int c = threadIdx.x; c <= d; c += NT) {
+        float s = dparams[FM::kA + c];  // c == d is the bias kC = kA + d
+        for (int r = 0; r < valid; ++r) s = c < d ? fmaf(bs[r * S], x[r * d + c], s) : s + bs[r * S];
+        dparams[FM::kA + c] = s;
+      }
+    }
   }
 };
 

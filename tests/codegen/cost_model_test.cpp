@@ -202,12 +202,13 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
 // M = L = 8, relu/relu):
 //   fp32:  M (2d + Hm (2 + 1) + 2 Hm L + L (2 + 1) + Hm (2L + 6) + Hm (2L + 7)
 //          + L Hm (4 + 1) + L) + 4dM = 8 * 6816 + 2048 = 56576
-//   mma:   D (3 + 1) + M Hm (8 + 1 + 1) + 4dM = 7424 on CUDA cores
+//   mma:   D (3 + 1) + M Hm (8 + 1 + 1) = 5376 on CUDA cores
 //          + 2 * 2 d M (u = X W^T, W split) + 12 M L Hm (three split terms of
-//          dh = dpre W2 and dW2^T = H^T dpre) = 2048 + 49152 = 51200 on mma:
-//          58624, 2048 more than the fp32 code
-//   wavefronts: M/16 (8 + 32 + 32 + 32 + 4) + 20 D / 128 + 2 d / 64 + M / 32 + 4 d M / 32
-//          = 54 + 10 + 2 + 0.25 + 64 = 130.25
+//          dh = dpre W2 and dW2^T = H^T dpre) + 10 d M (dx = dU W, three split
+//          terms, dW^T = X^T dU, two) = 2048 + 49152 + 5120 = 56320 on mma:
+//          61696, 5120 more than the fp32 code
+//   wavefronts: M/16 (8 + 32 + 32 + 32 + 4) + 20 D / 128 + 2 d / 64 + M / 32
+//          + d/8 (12 + 16) / 16 + d/16 12 / 16 = 54 + 10 + 2 + 0.25 + 14 + 3 = 83.25
 // Every kernel that maps phi (one row per token; two in the causal dq and
 // dkv) maps it on tensor cores to fp32 level (mma_phi_split_tile): per row
 // 2 * 2 d M (u, W split) + 3 * 2 M Hm L (psi, three split terms) = 2048 +
@@ -227,9 +228,9 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     SCOPED_TRACE(role);
     const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
     const auto scalar = kernel_counts(s, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
-    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + (jt ? N * 51200 : 0) + N * 26624);
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + (jt ? N * 56320 : 0) + N * 26624);
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
-    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm + (jt ? N * 2048 : 0) + N * 17408);
+    EXPECT_DOUBLE_EQ(k.flops - scalar.flops, (terms - 1) * gemm + (jt ? N * 5120 : 0) + N * 17408);
     EXPECT_EQ(scalar.tc_flops, 0);
     EXPECT_LT(k.smem_wavefronts, scalar.smem_wavefronts);
   }
@@ -247,7 +248,7 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
                                    std::tuple{"causal_dkv", N * 4 * D * dv, 2.5}}) {
     SCOPED_TRACE(role);
     const auto k = kernel_counts(causal, c, Pass::backward, role, shape).value_or_throw();
-    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 51200 + 2 * N * 26624);  // phi(q) and phi(k)
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 56320 + 2 * N * 26624);  // phi(q) and phi(k)
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
     EXPECT_EQ(k.serial_steps, 0);  // no chunk walk
     const auto scalar = kernel_counts(causal, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
@@ -274,8 +275,8 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     EXPECT_EQ(k.tc_dtype, DType::bf16);
   }
   const auto dq = kernel_counts(s, c, Pass::backward, "dq", shape).value_or_throw();
-  // dq = phi on tensor cores (26 per row) + the J^T's 130.25 + G S^T's 3 split terms.
-  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (26 + 130.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
+  // dq = phi on tensor cores (26 per row) + the J^T's 83.25 + G S^T's 3 split terms.
+  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (26 + 83.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
 }
 
 TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {
