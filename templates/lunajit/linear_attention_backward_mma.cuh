@@ -410,6 +410,69 @@ __global__ void __launch_bounds__(K::threads,
 // cores, added in the products' epilogues. Fixed-order sums everywhere: the
 // gradients are bitwise deterministic. Not the causal performer (its running
 // key stabiliser; can_implement).
+// What both chunk-parallel causal kernels set up first, for block (chunk,
+// batch*head) of kernel `kind`: the block's indices and its (packed) sequence
+// span, the shared tiles both use, the parameter-gradient accumulator zeroed,
+// and the scanned chunk state staged (the prefix S_<c, z_<c for causal_dq, the
+// suffix dS_>c, dz_>c for causal_dkv) as 2^-a-scaled bf16 hi + lo tiles, with
+// the fp32 z or dz in the z tile. A chunk past the end of a shorter packed
+// sequence has valid = 0 but still writes its (zero) partial and slot.
+template <class K, BackwardKind kKind>
+struct CausalChunkBlock {
+  using Tr = BackwardTraits<K>;
+  using M = BackwardMmaTraits<K>;
+  static constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PV = M::PV;
+  static constexpr int CS = C + 1;  // A and B rows padded by one float (conflict-free column walks)
+  static constexpr long long kPart = (long long)D * DV + D;
+  static constexpr BackwardMmaSmem LM = M::layout(kKind);
+  static constexpr BackwardSmem L = LM.base;
+  static_assert(Tr::kCausalTiles, "the chunk-parallel causal backward");
+  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(C), "phi's x copy fits in dphi");
+  float* smem;
+  BackwardWorkspace w;
+  int chunk, chunks, bh, b, h;
+  BackwardArgs a;
+  long long ws_seq;  // per-token workspace rows: the longest length
+  int seq, t0, valid;
+  float *z, *phi_q, *phi_k, *v, *g, *A, *B, *den, *r, *dphi, *dparams;
+  unsigned* x_words;  // the maps' bf16 copy of x: the dphi tile, free until the epilogues
+  const float* params;
+  float unscale;
+
+  LUNAJIT_DEVICE explicit CausalChunkBlock(const BackwardArgs& args)
+      : smem(reinterpret_cast<float*>(dynamic_smem())), w(Tr::workspace(args.problem)) {
+    chunk = blockIdx.x;
+    chunks = gridDim.x;
+    bh = blockIdx.y;
+    b = bh / args.problem.heads;
+    h = bh % args.problem.heads;
+    const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+    a = sequence_args<K>(args, sp);
+    ws_seq = args.problem.seq;
+    seq = sp.len;
+    t0 = chunk * C;
+    valid = max(0, min(C, seq - t0));
+    z = smem + L.z;
+    phi_q = smem + L.phi_q;
+    phi_k = smem + L.phi_k;
+    v = smem + L.v;
+    g = smem + L.dout;
+    A = smem + L.scores;
+    B = smem + L.scores + C * CS;
+    den = smem + L.den;
+    r = smem + L.r;
+    dphi = smem + L.dphi;
+    dparams = smem + L.dparams;
+    x_words = reinterpret_cast<unsigned*>(dphi);
+    params = KernelTraits<K>::head_params(a.params, h);
+    for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
+    const long long state = kKind == BackwardKind::causal_dq ? w.state : w.dstate;
+    unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
+        a.workspace + state + ((long long)bh * chunks + chunk) * kPart, smem + L.state, z,
+        reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  }
+};
+
 template <class K>
 __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
                                                   BackwardMmaTraits<K>::layout(BackwardKind::causal_dq).bytes()))
@@ -418,47 +481,28 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   using M = BackwardMmaTraits<K>;
   using T = typename K::T;
   using Op = typename M::Op;
-  constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV;
+  using CB = CausalChunkBlock<K, BackwardKind::causal_dq>;
+  constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
   constexpr MmaWarpTiling W = M::kRowsByD, WS = M::kDstate;
-  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::causal_dq);
-  constexpr BackwardSmem L = LM.base;
-  constexpr long long kPart = (long long)D * DV + D;
-  static_assert(Tr::kCausalTiles, "the chunk-parallel causal backward");
-  float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
-  const int chunk = blockIdx.x, chunks = gridDim.x;
-  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
-  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
-  const BackwardArgs a = sequence_args<K>(args, sp);
-  const long long ws_seq = args.problem.seq;  // per-token workspace rows: the longest length
-  // A chunk past the end of a shorter packed sequence has no rows but still
-  // writes its (zero) dS partial and parameter-gradient slot.
-  const int seq = sp.len, t0 = chunk * C, valid = max(0, min(C, seq - t0));
-  float* z = smem + L.z;
-  float* phi_q = smem + L.phi_q;
-  float* phi_k = smem + L.phi_k;
-  float* v = smem + L.v;
-  float* g = smem + L.dout;
-  // A and B (C, CS): one padding float per row, so the epilogues' column
-  // walks (rows g = 0..7 of a fragment) fall in different banks.
-  constexpr int CS = C + 1;
-  float* A = smem + L.scores;
-  float* B = smem + L.scores + C * CS;
-  float* den = smem + L.den;
-  float* r = smem + L.r;
-  float* dphi = smem + L.dphi;
-  float* dparams = smem + L.dparams;
-  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
-      a.workspace + w.state + ((long long)bh * chunks + chunk) * kPart, smem + L.state, z,
-      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
-  const float* params = KernelTraits<K>::head_params(a.params, h);
+  constexpr BackwardMmaSmem LM = CB::LM;
+  constexpr BackwardSmem L = CB::L;
+  constexpr long long kPart = CB::kPart;
+  const CB cb(args);
+  float* const smem = cb.smem;
+  const BackwardWorkspace& w = cb.w;
+  const BackwardArgs& a = cb.a;
+  const int chunk = cb.chunk, chunks = cb.chunks, bh = cb.bh, b = cb.b, h = cb.h;
+  const long long ws_seq = cb.ws_seq;
+  const int seq = cb.seq, t0 = cb.t0, valid = cb.valid;
+  float *const z = cb.z, *const phi_q = cb.phi_q, *const phi_k = cb.phi_k, *const v = cb.v, *const g = cb.g;
+  float *const A = cb.A, *const B = cb.B, *const den = cb.den, *const r = cb.r, *const dphi = cb.dphi;
+  float* const dparams = cb.dparams;
+  unsigned* const x_words = cb.x_words;
+  const float* const params = cb.params;
+  const float unscale = cb.unscale;
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
-  // Both maps put their x copy in the dphi tile, free until the epilogues.
-  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(C), "phi's x copy fits in dphi");
-  unsigned* x_words = reinterpret_cast<unsigned*>(dphi);
   backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C,
                            FeatureContext{params, t0, seq, 0, 0.0f});
   const FeatureContext ctx{params, t0, seq, 1, 0.0f};
@@ -552,46 +596,30 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   using M = BackwardMmaTraits<K>;
   using T = typename K::T;
   using Op = typename M::Op;
-  constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV;
+  using CB = CausalChunkBlock<K, BackwardKind::causal_dkv>;
+  constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
   constexpr MmaWarpTiling WD = M::kRowsByD, WV = M::kRowsByDv;
-  constexpr BackwardMmaSmem LM = M::layout(BackwardKind::causal_dkv);
-  constexpr BackwardSmem L = LM.base;
-  constexpr long long kPart = (long long)D * DV + D;
-  static_assert(Tr::kCausalTiles, "the chunk-parallel causal backward");
-  float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
-  const int chunk = blockIdx.x, chunks = gridDim.x;
-  const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
-  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
-  const BackwardArgs a = sequence_args<K>(args, sp);
-  const long long ws_seq = args.problem.seq;
-  const int seq = sp.len, t0 = chunk * C, valid = max(0, min(C, seq - t0));
+  constexpr BackwardMmaSmem LM = CB::LM;
+  constexpr BackwardSmem L = CB::L;
+  const CB cb(args);
+  float* const smem = cb.smem;
+  const BackwardWorkspace& w = cb.w;
+  const BackwardArgs& a = cb.a;
+  const int chunk = cb.chunk, chunks = cb.chunks, bh = cb.bh, b = cb.b, h = cb.h;
+  const long long ws_seq = cb.ws_seq;
+  const int seq = cb.seq, t0 = cb.t0, valid = cb.valid;
   const int bh_count = a.problem.batch * a.problem.heads;
-  float* dz = smem + L.z;
-  float* phi_q = smem + L.phi_q;
-  float* phi_k = smem + L.phi_k;
-  float* v = smem + L.v;
-  float* g = smem + L.dout;
-  constexpr int CS = C + 1;  // A and B rows padded as in mma_causal_dq_kernel
-  float* A = smem + L.scores;
-  float* B = smem + L.scores + C * CS;
-  float* den = smem + L.den;
-  float* r = smem + L.r;
-  float* dphi = smem + L.dphi;
-  float* dparams = smem + L.dparams;
-  for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
-      a.workspace + w.dstate + ((long long)bh * chunks + chunk) * kPart, smem + L.state, dz,
-      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
-  const float* params = KernelTraits<K>::head_params(a.params, h);
+  float *const dz = cb.z, *const phi_q = cb.phi_q, *const phi_k = cb.phi_k, *const v = cb.v, *const g = cb.g;
+  float *const A = cb.A, *const B = cb.B, *const den = cb.den, *const r = cb.r, *const dphi = cb.dphi;
+  float* const dparams = cb.dparams;
+  unsigned* const x_words = cb.x_words;
+  const float* const params = cb.params;
+  const float unscale = cb.unscale;
   load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
   load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
   __syncthreads();
-  // Both maps put their x copy in the dphi tile, free until the epilogues.
-  static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(C), "phi's x copy fits in dphi");
-  unsigned* x_words = reinterpret_cast<unsigned*>(dphi);
   backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
                            FeatureContext{params, t0, seq, 1, 0.0f});
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
