@@ -22,8 +22,10 @@
 //      the same way picks the same config. Model-ranked, a candidate whose
 //      kernels spill (ptxas) wins only when every correct candidate spills:
 //      the model cannot price local-memory traffic, and ptxas's register
-//      choice for the small tiles it favours sometimes spills (T16.w8 on
-//      sm_90: the backward state kernel at 64 registers, 16 B). Measured
+//      choice for the small tiles it favours sometimes spills (T16.w4 on
+//      sm_80 for LUNA with the envelope, softplus and gelu: the backward
+//      state kernel at 128 registers, 8 B; T16.w8 on sm_90 for the default
+//      spec until its backward map moved onto tensor cores). Measured
 //      times include the spills' cost and are taken as they are.
 // Shapes whose bucket is already in the database are served from it without
 // compiling anything (unless `retune`). Each (pass, shape) is stored in the

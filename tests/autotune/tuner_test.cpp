@@ -304,15 +304,19 @@ TEST(TunerSelection, QuickTuneCompilesOnlyTheModelsTopK) {
 }
 
 // Model-ranked, a candidate whose kernels spill loses to every correct one
-// that does not (tuner.h): the default LUNA spec's non-causal backward at the
-// shape where the model's favourites are T16.w8 tiles, whose sm_90 state
-// kernel ptxas (NVRTC 13) holds at 64 registers with 16 B spilled. The check
-// is off (correctness: the sweep); what matters here is the ranking.
+// that does not (tuner.h): the non-causal backward of LUNA with the envelope,
+// softplus outputs and a gelu MLP on sm_80 at the shape where the model's
+// favourites include T16.w4 tiles, whose state kernel ptxas (NVRTC 13) holds
+// at 128 registers with 4 B spilled. (It was the default spec's T16.w8 state
+// kernel on sm_90 until the backward's feature map moved onto tensor cores and
+// stopped spilling.) The check is off (correctness: the sweep); what matters
+// here is the ranking.
 TEST(TunerSelection, ModelRankedPrefersCandidatesThatDoNotSpill) {
   TempDir dir;
-  TuningDb db(dir.path(), model_fingerprint(sm90()));
+  const Arch sm80 = arch_from_sm(80).value_or_throw();
+  TuningDb db(dir.path(), model_fingerprint(sm80));
   TuneOptions opt;
-  opt.arch = sm90();
+  opt.arch = sm80;
   opt.shapes = {{8, 12, 16384}};
   opt.passes = {Pass::backward};
   opt.top_k = 6;
@@ -320,6 +324,9 @@ TEST(TunerSelection, ModelRankedPrefersCandidatesThatDoNotSpill) {
   opt.retune = true;
   AttentionSpec spec = default_spec(Family::luna);
   spec.causal = false;
+  spec.luna.envelope = true;
+  spec.luna.output_activation = OutputActivation::softplus;
+  spec.luna.activation = Activation::gelu;
   auto r = Tuner(db, host(), opt).tune(spec);
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_EQ(r->size(), 1u);
@@ -338,9 +345,12 @@ TEST(TunerSelection, ModelRankedPrefersCandidatesThatDoNotSpill) {
   ASSERT_NE(chosen, nullptr);
   EXPECT_EQ(chosen->spill_bytes, 0) << t.chosen.to_string();
   EXPECT_EQ(chosen->ms, best_clean);
-  // The rule decided this tune: a spilling candidate was predicted faster.
+  // Spilling candidates were among those compiled, so the rule had something to
+  // pass over. (Since the backward's feature map moved onto tensor cores no
+  // probed spec and shape, on sm_80 or sm_90, has a spilling candidate the model
+  // predicts faster than the best clean one, so this no longer shows the rule
+  // deciding a tune; here the spillers are predicted slower, 7.8 against 7.2 ms.)
   ASSERT_NE(fastest_spilling, nullptr) << "no top-6 candidate spills any more (ptxas changed?)";
-  EXPECT_LT(fastest_spilling->ms, chosen->ms) << fastest_spilling->config.to_string();
 }
 
 TEST(TunerSelection, SecondTuneIsServedFromTheDatabaseWithZeroCompiles) {
