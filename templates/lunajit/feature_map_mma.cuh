@@ -160,6 +160,24 @@ struct LunaMmaParams {
     }
   }
 
+  // The hidden layer's values in A-fragment order for k-step kk, fp32: h[2q],
+  // h[2q + 1] are register q's two halves, units 16 kk + 2t (+ 1) for q < 2 and
+  // + 8 for q >= 2, row g (u = ug) for even q and g + 8 (uh) for odd q. W1 and
+  // b1 are read from L1 here (held in registers for the whole tile they would
+  // spill the causal kernels). MmaPhi rounds them once, the backward splits them.
+  static LUNAJIT_DEVICE void hidden_fragment(const float* p, int kk, int t, float ug, float uh, float (&h)[8]) {
+    const int j = kk * 16 + 2 * t;
+    const float w1[4] = {p[FM::kW1 + j], p[FM::kW1 + j + 1], p[FM::kW1 + j + 8], p[FM::kW1 + j + 9]};
+    const float b1[4] = {p[FM::kB1 + j], p[FM::kB1 + j + 1], p[FM::kB1 + j + 8], p[FM::kB1 + j + 9]};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int c = (q >> 1) * 2;
+      const float u = (q & 1) ? uh : ug;
+      h[2 * q] = fm::activation<Opt::activation>(fmaf(w1[c], u, b1[c]));
+      h[2 * q + 1] = fm::activation<Opt::activation>(fmaf(w1[c + 1], u, b1[c + 1]));
+    }
+  }
+
   LUNAJIT_DEVICE void load(const float* p, int lane) {
     const int g = lane >> 2, t = lane & 3;
     load_w(p, lane, w_hi, w_lo);
@@ -262,22 +280,11 @@ struct MmaPhi<K, true> {
         }
 #pragma unroll
         for (int kk = 0; kk < P::KH; ++kk) {
-          // W1, b1 of hidden units 16 kk + 2t, 2t + 1, 2t + 8, 2t + 9 (L1-resident;
-          // held in registers for the whole tile they would spill the causal kernel).
-          const int j = kk * 16 + 2 * t;
-          const float w1[4] = {params[FM::kW1 + j], params[FM::kW1 + j + 1], params[FM::kW1 + j + 8],
-                               params[FM::kW1 + j + 9]};
-          const float b1[4] = {params[FM::kB1 + j], params[FM::kB1 + j + 1], params[FM::kB1 + j + 8],
-                               params[FM::kB1 + j + 9]};
+          float h[8];
+          P::hidden_fragment(params, kk, t, ug, uh, h);
           unsigned a[4];
-          a[0] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[0], ug, b1[0])),
-                                  fm::activation<Opt::activation>(fmaf(w1[1], ug, b1[1])));
-          a[1] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[0], uh, b1[0])),
-                                  fm::activation<Opt::activation>(fmaf(w1[1], uh, b1[1])));
-          a[2] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[2], ug, b1[2])),
-                                  fm::activation<Opt::activation>(fmaf(w1[3], ug, b1[3])));
-          a[3] = mma::pack_bf16x2(fm::activation<Opt::activation>(fmaf(w1[2], uh, b1[2])),
-                                  fm::activation<Opt::activation>(fmaf(w1[3], uh, b1[3])));
+#pragma unroll
+          for (int q = 0; q < 4; ++q) a[q] = mma::pack_bf16x2(h[2 * q], h[2 * q + 1]);
 #pragma unroll
           for (int nl = 0; nl < P::NL; ++nl) mma::mma_m16n8k16<T>(psi[nl], a, prm.w2[kk][nl], psi[nl]);
         }
@@ -389,16 +396,11 @@ LUNAJIT_DEVICE void mma_phi_split_tile(const float* params, const float* x, unsi
 #pragma unroll 1
       for (int kk = 0; kk < P::KH; ++kk) {
         const int j = kk * 16 + 2 * t;
-        const float w1[4] = {params[FM::kW1 + j], params[FM::kW1 + j + 1], params[FM::kW1 + j + 8],
-                             params[FM::kW1 + j + 9]};
-        const float b1[4] = {params[FM::kB1 + j], params[FM::kB1 + j + 1], params[FM::kB1 + j + 8],
-                             params[FM::kB1 + j + 9]};
-        const auto h = [&](int c, float uu) { return fm::activation<Opt::activation>(fmaf(w1[c], uu, b1[c])); };
+        float h[8];
+        P::hidden_fragment(params, kk, t, ug, uh, h);
         unsigned ahi[4], alo[4];
-        mma_detail::split_bf16x2(h(0, ug), h(1, ug), ahi[0], alo[0]);
-        mma_detail::split_bf16x2(h(0, uh), h(1, uh), ahi[1], alo[1]);
-        mma_detail::split_bf16x2(h(2, ug), h(3, ug), ahi[2], alo[2]);
-        mma_detail::split_bf16x2(h(2, uh), h(3, uh), ahi[3], alo[3]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mma_detail::split_bf16x2(h[2 * q], h[2 * q + 1], ahi[q], alo[q]);
 #pragma unroll
         for (int nl = 0; nl < P::NL; ++nl) {
           // W2^T's B fragment (k = hidden unit j, j + 1 and j + 8, j + 9; n = channel g) as
