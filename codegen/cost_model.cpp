@@ -280,12 +280,16 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
   const double partials = 4 * BH * splits * part;
   const double norm = s.normalize ? 1 : 0;
   const double den_row = norm * (2 * D + 1);     // phi(q) . z + eps
-  const double grad_row = norm * (3 * dv + 2);   // r = -(dO . o) / den, g = dO / den
+  // g = dO / den and r = -(phi(q) . p) / den from the dq kernels' own fp32
+  // product p (query_r; docs/MATH.md §1): not the forward's o, which only the
+  // causal performer still reads. r goes through the workspace (4 bytes a row).
+  const double grad_row = norm * (dv + 2 * D + 2);
+  const double o_row = s.family == Family::performer && s.causal ? dv : 0;  // o read (causal performer)
   KernelCounts k;
   k.role = std::string(role);
   Split sp;
   if (role == "dstate") {
-    k.bytes = BH * N * (d + 2 * dv) * e + 4 * BH * splits * D + partials + params;
+    k.bytes = BH * N * ((d + dv) * e + 4 * norm) + 4 * BH * splits * D + partials + params;  // q, dO, r
     k.flops = BH * splits * splits * D + BH * N * (Fq + den_row + grad_row) + 2 * BH * N * D * dv + 2 * BH * N * D;
     sp.fm = BH * N * Fq;
     // mma: Phi_q^T [G | r] (three split terms); den on CUDA cores.
@@ -293,7 +297,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.tc_terms = 3;
     sp.sfu = BH * N * (sfu_row + norm * (dv + 1));
   } else if (role == "dq") {
-    k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + (learned ? 4 * P * BH * nt : 0);
+    k.bytes = BH * N * ((2 * d + dv) * e + 4 * norm) + partials + params + (learned ? 4 * P * BH * nt : 0);
     k.flops = nt * BH * splits * part + BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
     sp.fm = BH * N * (Fq + (jt_tc ? 0 : Jq));
     sp.jt_tc = jt_tc ? BH * N * JQ.tc_flops : 0;
@@ -327,7 +331,8 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // intra-chunk C x C terms fp32 on CUDA cores over the row-major fp32
     // tiles (conflict-free: rotated dot products, padded score rows).
     const bool dq = role == "causal_dq";
-    k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params +
+    // k, v, q, dO (+ dq) or q, dO, k, v (+ dk, dv); den and r written / read.
+    k.bytes = BH * N * (dq ? 3 * d + 2 * dv : 3 * d + 3 * dv) * e + norm * 8 * BH * N + params +
               2 * 4 * BH * nt * part * (dq ? 1 : 0.5) + (learned ? 4 * P * BH * nt : 0);
     const double C = c.chunk(), cc = std::min(C, N), tri_all = nt * cc * (cc + 1) / 2;  // rows x kept columns
     const double intra = tri_all * (2 * D + 2 * dv + 1) + tri_all * (dq ? 2 * D + norm : 2 * D + 2 * dv);
@@ -343,8 +348,8 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));
   } else if (role == "causal_dq" || role == "causal_dkv") {
     const bool dq = role == "causal_dq";
-    k.bytes = BH * N * (dq ? 3 * d + 3 * dv : 3 * d + 4 * dv) * e + norm * 4 * BH * N + params + stab_read +
-              (learned ? 4 * P * BH : 0);
+    k.bytes = BH * N * ((dq ? 3 * d + 2 * dv : 3 * d + 3 * dv) + o_row) * e + norm * 8 * BH * N + params +
+              stab_read + (learned ? 4 * P * BH : 0);
     // Per chunk of cc tokens: see the header. Returns {all, phi, conflicted tiles}.
     auto chunk_flops = [&](double cc, Split& acc) {
       const double tri = cc * (cc + 1) / 2;

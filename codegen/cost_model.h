@@ -164,21 +164,24 @@
 //   The backward works on whole value rows (no dv blocks) except its state pass.
 //   Per token of the queries' side, when normalized:
 //     den row  nrm (2D + 1)      phi(q) . z + eps
-//     grad row nrm (3 dv + 2)    r = -(dO . o) / den (dot, negate, divide), g = dO / den
+//     grad row nrm (dv + 2D + 2) g = dO / den, r = -(phi(q) . p) / den (dot, negate, divide) from
+//                                the dq kernels' fp32 product p (query_r), not from the stored o
 //   Workspace traffic: the (S, z) partials are written by state, their z part read
 //   by dstate, all of them read by dq; the (dS, dz) partials written by dstate,
 //   read by dkv; den (causal, normalized: 4 BH N) written by causal_dq, read by
-//   causal_dkv; one parameter slot of 4 P bytes per block that maps dphi back
+//   causal_dkv; r (normalized: 4 BH N) written by dq / causal_dq, read by dstate /
+//   causal_dkv (o itself is read only by the causal performer: o row = dv for it,
+//   else 0); one parameter slot of 4 P bytes per block that maps dphi back
 //   (dq, dkv: BH nt each; causal_dq, causal_dkv: BH each), written there and read
-//   by param_reduce. Every kernel reads each of its inputs once (q, k, v, o, dout);
+//   by param_reduce. Every kernel reads each of its inputs once (q, k, v, dout);
 //   dq, dk, dv are written once.
 //   key_stab      as the forward (performer only)
 //   state         as the forward (the backward's state pass is the forward's, grid with nd)
-//   dstate        bytes = BH N (d + 2dv) e (q, dout, o) + 4 BH s D (z partials) + 4 BH s (D dv + D)
+//   dstate        bytes = BH N ((d + dv) e + 4 nrm) (q, dout, r) + 4 BH s D (z partials) + 4 BH s (D dv + D)
 //                         (dS, dz partials written) + 4 P Hp
 //                 flops = BH s^2 D (each of the s blocks sums the s z partials)
 //                         + BH N (Fq + den row + grad row) + 2 BH N D dv (dS) + 2 BH N D (dz)
-//   dq            bytes = BH N (2d + 2dv) e (q, dout, o read, dq written) + 4 BH s (D dv + D)
+//   dq            bytes = BH N ((2d + dv) e + 4 nrm) (q, dout read, dq, r written) + 4 BH s (D dv + D)
 //                         + 4 P Hp + 4 Pl BH nt (slots)
 //                 flops = nt BH s (D dv + D) (split partials summed per tile)
 //                         + BH N (Fq + den row + grad row + D (2dv + nrm) (dphi = S g + z r) + Jq)
@@ -186,14 +189,14 @@
 //                         + 4 P Hp + 4 Pl BH nt [+ 4 BH key_stab read]
 //                 flops = nt BH s (D dv + D) + BH N (Fk + 2 D dv (dphi = dS v + dz)
 //                         + 2 D dv (dv = dS^T phi(k)) + Jk)
-//   causal_dq     bytes = BH N (3d + 3dv) e (q, k, v, dout, o read, dq written) + nrm 4 BH N (den
-//                         written) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
+//   causal_dq     bytes = BH N (3d + 2dv + o row) e (q, k, v, dout read, dq written) + nrm 8 BH N
+//                         (den, r written) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
 //                 flops = BH * sum over chunks of c tokens (tri = c(c+1)/2, full dv):
 //                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B = v . g + r) + c (grad row)
 //                           + c (den row) + nrm tri (den: sum of A) + c D (2dv + nrm) + 2D tri (dphi)
 //                           + 2 D dv c (S update) + D c (z update) + c Jq
-//   causal_dkv    bytes = BH N (3d + 4dv) e (q, k, v, dout, o read, dk, dv written) + nrm 4 BH N (den
-//                         read) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
+//   causal_dkv    bytes = BH N (3d + 3dv + o row) e (q, k, v, dout read, dk, dv written) + nrm 8 BH N
+//                         (den, r read) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
 //                 flops = BH * sum over chunks:
 //                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B) + c (grad row)
 //                           + c D 2dv + 2D tri (dphi) + c dv 2D + 2 dv tri (dv)
@@ -206,13 +209,13 @@
 //   state_scan    bytes = 2 * 4 BH nt part (read and written in place) + 4 BH part (seed)
 //   dstate_scan   the same + 4 BH part (dS_>=0 written); flops BH nt part;
 //                 serial steps ceil(nt / 8) (8 chunks' loads in flight)
-//   causal_dq     bytes = BH N (3d + 3dv) e + nrm 4 BH N + 4 P Hp + 2 * 4 BH nt part
+//   causal_dq     bytes = BH N (3d + 2dv) e + nrm 8 BH N + 4 P Hp + 2 * 4 BH nt part
 //                         (prefix read, the chunk's (dS, dz) written) + 4 Pl BH nt
 //                 mma:  2 N D dv (G S^T) + 2 N D (dv + 1) (Phi_q^T [G | r]), three split terms each
 //                 fp32 tiles (intra-chunk, conflict-free: 1 wavefront per 32 FLOPs):
 //                       tri_all (2D + 2dv + 1) (A, B) + tri_all (2D + nrm) (dphi, den)
 //                 flops = the above + BH N (Fq + Fk + grad row + den row + nrm D + Jq)
-//   causal_dkv    bytes = BH N (3d + 4dv) e + nrm 4 BH N + 4 P Hp + 4 BH nt part + 4 Pl BH nt
+//   causal_dkv    bytes = BH N (3d + 3dv) e + nrm 8 BH N + 4 P Hp + 4 BH nt part + 4 Pl BH nt
 //                 mma:  4 N D dv (V dS^T, Phi_k dS; 2.5 terms bf16, 3 fp16)
 //                 fp32 tiles: tri_all (2D + 2dv + 1) + tri_all (2D + 2dv) (dphi, dv)
 //                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); no serial steps

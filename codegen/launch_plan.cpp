@@ -249,8 +249,9 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("causal_dkv", {static_cast<unsigned>(bh), 1, 1});
       } else {
         add("state", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), dv_blocks});
-        add("dstate", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), 1});
+        // dq before dstate: dq writes each token's r (from its fp32 products), dstate reads it.
         add("dq", {tiles, static_cast<unsigned>(bh), 1});
+        add("dstate", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), 1});
         add("dkv", {tiles, static_cast<unsigned>(bh), 1});
       }
       if (p.param_floats > 0) {

@@ -278,7 +278,7 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   const bool causal = kind == BackwardKind::causal_dq || kind == BackwardKind::causal_dkv;
   const bool grads = kind != BackwardKind::dstate;  // maps dphi back through the feature map
   const bool needs_state = kind != BackwardKind::dstate;
-  const bool queries = kind != BackwardKind::dkv;    // reads dout, o and denominators
+  const bool queries = kind != BackwardKind::dkv;    // reads dout, denominators and r
   const bool keys = kind != BackwardKind::dstate && kind != BackwardKind::dq;
   const int t = p.tokens;
   BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -292,7 +292,9 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   l.dphi = off;     off = align4(off + (grads ? t * p.D : 0));                // (t, D)
   l.v = off;        off = align4(off + (keys || causal ? t * p.dv : 0));      // (t, dv)
   l.dout = off;     off = align4(off + (queries ? t * p.dv : 0));             // (t, dv), becomes g
-  l.o = off;        off = align4(off + (queries ? t * p.dv : 0));             // (t, dv)
+  // o: only the causal performer's scans still read the forward's output (r from
+  // dO . o); every other kernel takes r from its fp32 products (MATH.md §1).
+  l.o = off;        off = align4(off + (queries && running ? t * p.dv : 0));  // (t, dv)
   l.scores = off;   off = align4(off + (causal ? 2 * t * (t + p.score_pad) : 0));  // A, B (t, t + score_pad) each
   l.den = off;      off = align4(off + (queries ? t : 0));
   l.r = off;        off = align4(off + (queries ? t : 0));
@@ -379,17 +381,19 @@ LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq,
 // their gradients (non-causal: one per split; the chunk-parallel causal
 // backward, causal_tiles: one per chunk, turned into the exclusive prefix
 // S_<c and, in the same array, the suffix dS_>c in place), per-token denominators (causal), per-token
+// r_i = -(dO_i . o_i) / den_i (written by the dq kernel from its fp32 products, read by
+// the dstate or dkv kernel: docs/MATH.md §1 "r from the backward's own state"), per-token
 // running key maxima M_i (causal performer), and one partial parameter
 // gradient per block that maps dphi back (slots).
 struct BackwardWorkspace {
-  long long stab, state, dstate, den, kmax, slots, total;
+  long long stab, state, dstate, den, r, kmax, slots, total;
 };
 
 LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_heads, int seq, int splits, int D,
                                                                   int dv, bool causal, int tokens,
                                                                   int param_floats, bool running_max = false,
                                                                   bool causal_tiles = false) {
-  BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0};
+  BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0, 0};
   const int parts = causal_tiles ? (seq + tokens - 1) / tokens : splits;
   const bool states = !causal || causal_tiles;
   const long long part = (long long)batch_heads * parts * ((long long)D * dv + D);
@@ -401,7 +405,8 @@ LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_hea
   // the dkv kernel work on that.
   w.dstate = w.state + (states && !causal_tiles ? part : 0);
   w.den = w.dstate + (states ? part : 0);
-  w.kmax = w.den + (causal ? (long long)batch_heads * seq : 0);
+  w.r = w.den + (causal ? (long long)batch_heads * seq : 0);
+  w.kmax = w.r + (long long)batch_heads * seq;
   w.slots = w.kmax + (causal && running_max ? (long long)batch_heads * seq : 0);
   w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens, causal_tiles) * (long long)param_floats;
   return w;

@@ -4,13 +4,15 @@
 // recompute) and never touches global memory.
 //
 // With g_i = dO_i / den_i and r_i = -(dO_i . o_i) / den_i (normalized; else
-// g = dO, r = 0):
+// g = dO, r = 0), r taken from the dq kernels' fp32 products (query_r), not
+// from the forward's stored o (only the causal performer still reads o):
 //   dphi(q_i) = S g_i + z r_i          dS = sum_i phi(q_i) g_i^T, dz = sum_i phi(q_i) r_i
 //   dphi(k_j) = dS v_j + dz            dv_j = dS^T phi(k_j)
 // Non-causal: backward_state_kernel (S, z partials, as the forward) ->
-// dstate_kernel (dS, dz partials over query splits) -> dq_kernel (query tiles)
-// and dkv_kernel (key tiles). Causal: causal_dq_kernel scans the chunks forward
-// carrying (S, z) and stores each token's denominator; causal_dkv_kernel scans
+// dq_kernel (query tiles; writes each token's r) -> dstate_kernel (dS, dz
+// partials over query splits) -> dkv_kernel (key tiles). Causal:
+// causal_dq_kernel scans the chunks forward carrying (S, z) and stores each
+// token's denominator and r; causal_dkv_kernel scans
 // them backward carrying (dS, dz):
 //   dphi(q_i) = sum_{j<=i in c} B_ij phi(k_j) + S_<c g_i + z_<c r_i,   B_ij = v_j . g_i + r_i
 //   dphi(k_j) = sum_{i>=j in c} B_ij phi(q_i) + dS_>c v_j + dz_>c
@@ -69,9 +71,11 @@ LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
   sum_partial_z<K>(parts, z);
 }
 
-// r_i and g_i in place of dout, given den_i (rows < valid).
+// r_i and g_i in place of dout, given den_i (rows < valid), with r from the
+// forward's output o: only the causal performer's scans, which have no fp32
+// product to take r from (docs/MATH.md §1 "r from the backward's own state").
 template <class K>
-LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* den, float* r, int valid) {
+LUNAJIT_DEVICE void query_gradients_from_o(float* dout, const float* o, const float* den, float* r, int valid) {
   if constexpr (K::normalize) {
     // Rotated by the row: the lanes' rows (a dv-float stride) start in different banks.
     for (int i = threadIdx.x; i < valid; i += K::threads)
@@ -84,31 +88,82 @@ LUNAJIT_DEVICE void query_gradients(float* dout, const float* o, const float* de
   __syncthreads();
 }
 
-// q, dout and o rows of a query tile, phi(q) (fp32), the denominators against
-// z and then g (in place of dout) and r, for the dstate and dq kernels
-// (scalar and mma).
-// Ends with a barrier.
+// g_i = dO_i / den_i in place of dout (normalized; else g = dO), and r_i:
+// from r_in[i] (the workspace's row written by the dq kernel) when given,
+// else 0 (the dq kernels compute it with query_r below). Ends with a barrier.
+template <class K>
+LUNAJIT_DEVICE void query_gradients(float* dout, const float* den, const float* r_in, float* r, int valid) {
+  if constexpr (K::normalize)
+    for (int e = threadIdx.x; e < valid * K::dv; e += K::threads) dout[e] /= den[e / K::dv];
+  for (int i = threadIdx.x; i < valid; i += K::threads) r[i] = K::normalize && r_in != nullptr ? r_in[i] : 0.0f;
+  __syncthreads();
+}
+
+// r_i = -(dO_i . o_i) / den_i from the backward's own fp32 products, not from
+// the forward's output o (rounded to the I/O dtype, and off by the forward's
+// own error): p_i = dphi(q_i) without its r term (S_i g_i: the state and
+// intra-chunk sums the row saw), so phi(q_i) . p_i = dO_i . num_i / den_i =
+// dO_i . o_i exactly in fp32-level arithmetic. dphi(q) = S g + z r cancels
+// (phi(q) . dphi(q) = eps r), and an r off by the 2^-8 of a bf16 o put errors
+// of up to 8% on dq (softplus outputs, MATH.md §1). Writes r to the tile and to
+// r_out (the workspace row, for the dstate / dkv kernel). Rows < valid; ends
+// with a barrier. Normalized specs only (r = 0 otherwise).
+template <class K>
+LUNAJIT_DEVICE void query_r(const float* phi_q, const float* p, const float* den, float* r, float* r_out, int valid) {
+  for (int i = threadIdx.x; i < valid; i += K::threads) {
+    const float x = -fm::dot_rotated<K::D>(phi_q + i * K::D, p + i * K::D, i) / den[i];
+    r[i] = x;
+    r_out[i] = x;
+  }
+  __syncthreads();
+}
+
+// The causal form of query_r for one chunk: p_i = dphi(q_i) without its r
+// terms (S_<c g_i + sum_{j<=i in c} (v_j . g_i) phi(k_j)); then dphi(q_i) +=
+// r_i z_i with z_i = z_<c + sum_{j<=i in c} phi(k_j), the keys row i saw
+// (B_ij = v_j . g_i + r_i in full). Each column's z_i is a running sum in
+// token order. Normalized specs only; ends with a barrier.
+template <class K>
+LUNAJIT_DEVICE void causal_query_r(const float* phi_q, const float* phi_k, const float* z, float* dphi,
+                                   const float* den, float* r, float* r_out, int valid) {
+  if constexpr (K::normalize) {
+    query_r<K>(phi_q, dphi, den, r, r_out, valid);
+    for (int f = threadIdx.x; f < K::D; f += K::threads) {
+      float zi = z[f];
+      for (int i = 0; i < valid; ++i) {
+        zi += phi_k[i * K::D + f];
+        dphi[i * K::D + f] = fmaf(zi, r[i], dphi[i * K::D + f]);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// q and dout rows of a query tile, phi(q) (fp32), the denominators against
+// z and then g (in place of dout) and r (from r_in, the workspace row of the
+// tile's first token, or 0 for the dq kernels to compute), for the dstate and
+// dq kernels (scalar and mma). Ends with a barrier.
 // map(x, phi, scratch, valid, ctx): the feature map (FM::apply in the scalar
 // kernels; the tensor-core backward passes backward_phi_tile); it ends with a barrier.
 template <class K, class Map>
 LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
-                                         float* smem, const float* z, const FeatureContext& ctx, Map&& map) {
+                                         float* smem, const float* z, const float* r_in, const FeatureContext& ctx,
+                                         Map&& map) {
   constexpr int NT = K::threads, D = K::D, DV = K::dv;
   load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, smem + L.dout);
-  load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   __syncthreads();
   map(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
   for (int i = threadIdx.x; i < valid; i += NT)
     smem[L.den + i] = K::normalize ? fm::dot_rotated<D>(smem + L.phi_q + i * D, z, i) + K::eps : 1.0f;
   __syncthreads();
-  query_gradients<K>(smem + L.dout, smem + L.o, smem + L.den, smem + L.r, valid);
+  query_gradients<K>(smem + L.dout, smem + L.den, r_in, smem + L.r, valid);
 }
 
 template <class K>
 LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
-                                         float* smem, const float* z, const FeatureContext& ctx) {
-  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx,
+                                         float* smem, const float* z, const float* r_in, const FeatureContext& ctx) {
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, r_in, ctx,
                           [](const float* x, float* phi, float* scratch, int n, const FeatureContext& c) {
                             K::FeatureMap::template apply<K::threads>(x, phi, scratch, n, c);
                           });
@@ -178,7 +233,9 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   const float* r = smem + L.r;
   for (int t0 = range.begin; t0 < range.end; t0 += T) {
     const int valid = min(T, range.end - t0);
-    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f});
+    // r from dq_kernel.
+    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, a.workspace + w.r + bh * (long long)args.problem.seq + t0,
+                            FeatureContext{params, t0, seq, 1, 0.0f});
     // Tokens outer, entries inner, as state_block: each sum in token order.
     for (int t = 0; t < valid; ++t) {
 #pragma unroll
@@ -210,7 +267,8 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   }
 }
 
-// dq for one query tile: dphi(q) = S g + z r, then the feature map's backward.
+// dq for one query tile: dphi(q) = S g + z r, with r from S g (query_r; written
+// to the workspace for dstate_kernel), then the feature map's backward.
 // Grid (query tiles, batch*heads).
 template <class K>
 __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args) {
@@ -235,14 +293,19 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args)
   sum_partials<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
-  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx);
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, nullptr, ctx);
   for (int e = threadIdx.x; e < valid * D; e += NT) {
     const int i = e / D, f = e - i * D;
-    float s = K::normalize ? z[f] * r[i] : 0.0f;
+    float s = 0.0f;
     for (int c = 0; c < DV; ++c) s = fmaf(S[f * DV + c], g[i * DV + c], s);
     dphi[e] = s;
   }
   __syncthreads();
+  if constexpr (K::normalize) {
+    query_r<K>(phi, dphi, smem + L.den, smem + L.r, a.workspace + w.r + bh * (long long)args.problem.seq + t0, valid);
+    for (int e = threadIdx.x; e < valid * D; e += NT) dphi[e] = fmaf(z[e % D], r[e / D], dphi[e]);
+    __syncthreads();
+  }
   Tr::FB::template backward<NT>(smem + L.x, phi, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
                                 smem + L.dx, dparams);
   store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
@@ -385,7 +448,7 @@ LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& args) {
       den[i] = s;
     }
     __syncthreads();
-    query_gradients<K>(g, smem + L.o, den, r, valid);
+    query_gradients_from_o<K>(g, smem + L.o, den, r, valid);
     for (int e = threadIdx.x; e < valid * valid; e += NT) {
       const int i = e / valid, j = e - i * valid;
       B[i * C + j] = j <= i ? fm::dot(v + j * DV, g + i * DV, DV) + r[i] : 0.0f;
@@ -499,7 +562,7 @@ LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& args) {
     const FeatureContext ctx{params, t0, seq, 1, 0.0f};
     K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, ctx);
     for (int j = threadIdx.x; j < valid; j += NT) ks[j] = smem[L.scratch + j];
-    query_gradients<K>(g, smem + L.o, den, r, valid);
+    query_gradients_from_o<K>(g, smem + L.o, den, r, valid);
     for (int e = threadIdx.x; e < valid * valid; e += NT) {
       const int i = e / valid, j = e - i * valid;
       const bool on = i >= j;
@@ -554,7 +617,7 @@ LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& args) {
   (void)bh_count;
 }
 
-// Causal, forward scan: dq, and each token's denominator for causal_dkv_kernel.
+// Causal, forward scan: dq, and each token's denominator and r for causal_dkv_kernel.
 // Grid (batch*heads).
 template <class K>
 __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArgs args) {
@@ -597,7 +660,6 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
                                       FeatureContext{params, t0, seq, 0, key_stab});
     load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
     load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
     __syncthreads();
     const FeatureContext ctx{params, t0, seq, 1, 0.0f};
     K::FeatureMap::template apply<NT>(smem + L.x, phi_q, smem + L.scratch, valid, ctx);
@@ -616,20 +678,22 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
       den[i] = s;
     }
     __syncthreads();
-    query_gradients<K>(g, smem + L.o, den, r, valid);
+    query_gradients<K>(g, den, nullptr, r, valid);
+    // B_ij = v_j . g_i here; r_i joins it once query_r has it.
     for (int e = threadIdx.x; e < valid * valid; e += NT) {
       const int i = e / valid, j = e - i * valid;
-      B[i * C + j] = j <= i ? fm::dot(v + j * DV, g + i * DV, DV) + r[i] : 0.0f;
+      B[i * C + j] = j <= i ? fm::dot(v + j * DV, g + i * DV, DV) : 0.0f;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < valid * D; e += NT) {
       const int i = e / D, f = e - i * D;
-      float s = K::normalize ? z[f] * r[i] : 0.0f;
+      float s = 0.0f;
       for (int c = 0; c < DV; ++c) s = fmaf(S[f * DV + c], g[i * DV + c], s);
       for (int j = 0; j <= i; ++j) s = fmaf(B[i * C + j], phi_k[j * D + f], s);
       dphi[e] = s;
     }
     __syncthreads();
+    causal_query_r<K>(phi_q, phi_k, z, dphi, den, r, a.workspace + w.r + bh * ws_seq + t0, valid);
     // (S, z) move past this chunk; each thread owns fixed entries.
     for (int e = threadIdx.x; e < D * DV; e += NT) {
       const int f = e / DV, c = e - f * DV;
@@ -695,7 +759,6 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_sme
     const int t0 = c_idx * C, valid = min(C, seq - t0);
     load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
     load_rows<typename K::T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-    load_rows<typename K::T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
     for (int i = threadIdx.x; i < valid; i += NT)
       den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
     __syncthreads();
@@ -706,7 +769,7 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_sme
     __syncthreads();
     const FeatureContext ctx{params, t0, seq, 0, key_stab};
     K::FeatureMap::template apply<NT>(smem + L.x, phi_k, smem + L.scratch, valid, ctx);
-    query_gradients<K>(g, smem + L.o, den, r, valid);
+    query_gradients<K>(g, den, a.workspace + w.r + bh * ws_seq + t0, r, valid);  // r from causal_dq_kernel
     for (int e = threadIdx.x; e < valid * valid; e += NT) {
       const int i = e / valid, j = e - i * valid;
       const bool on = i >= j;

@@ -6,13 +6,14 @@
 // for LUNA's neural map (feature_map_backward_mma.cuh), in fp32 otherwise.
 //
 //   mma_backward_state_kernel   (S, z) partials: the forward's mma_state_block
-//   mma_dstate_kernel           [dS | dz] = Phi_q~^T [G~ | r~]       grid (batch*heads, splits)
 //   mma_dq_kernel               dphi(q) = 2^a (G~ S~^T) + r z^T        grid (query tiles, batch*heads)
+//                               (writes r for dstate)
+//   mma_dstate_kernel           [dS | dz] = Phi_q~^T [G~ | r~]       grid (batch*heads, splits)
 //   mma_dkv_kernel              dphi(k) = 2^a (V dS~^T) + 1 dz^T,
 //                               dv = 2^a (Phi_k~ dS~)                 grid (key tiles, batch*heads)
 //
 // with G = dO / den and r = -(dO . o) / den computed in fp32 as the scalar
-// kernels do, ~ = rounded once to bf16, S~ = round(2^-a S) (a: exponent of the
+// kernels do (r from the fp32 G S^T, query_r, not from the stored o), ~ = rounded once to bf16, S~ = round(2^-a S) (a: exponent of the
 // block's max |S|; exact power-of-two scaling), and every sum fp32 in a fixed
 // order: the gradients are bitwise deterministic. V, exact in bf16 for bf16
 // I/O, is split into bf16 hi + lo for fp16 I/O (exact: fp16 has 11
@@ -216,10 +217,11 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
   static_assert(LM.a_h - LM.phi_h >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in phi_h, phi_lo");
   __syncthreads();  // z
+  const float* r_row = a.workspace + w.r + bh * (long long)args.problem.seq;  // from mma_dq_kernel
   for (int t0 = range.begin; t0 < range.end; t0 += Tk) {
     const int valid = min(Tk, range.end - t0);
     // phi(q)'s x copy in the (still free) phi_h, phi_lo tiles.
-    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, FeatureContext{params, t0, seq, 1, 0.0f},
+    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, r_row + t0, FeatureContext{params, t0, seq, 1, 0.0f},
                             mma_detail::BackwardPhi<K>{reinterpret_cast<unsigned*>(smem + LM.phi_h), Tk});
     mma_detail::split_rows<NT, D, PD>(smem + L.phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                       reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
@@ -240,7 +242,8 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
 }
 
 // dq for one query tile: dphi(q) = G S^T + r z^T on mma (S~ scaled, r z^T in
-// fp32), then the feature map's backward. Grid (query tiles, batch*heads).
+// fp32, r from G S^T: query_r, written to the workspace for mma_dstate_kernel),
+// then the feature map's backward. Grid (query tiles, batch*heads).
 // When its shared memory keeps it to one block per SM (the default config does):
 // launch bounds that let ptxas use the registers the J^T needs (layout.cuh).
 template <class K>
@@ -272,7 +275,7 @@ __global__ void __launch_bounds__(K::threads,
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   // phi(q)'s x copy in the dphi tile, free until the products' epilogue.
   static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in dphi");
-  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, ctx,
+  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, nullptr, ctx,
                           mma_detail::BackwardPhi<K>{reinterpret_cast<unsigned*>(dphi), Tk});
   mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                      reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
@@ -292,9 +295,15 @@ __global__ void __launch_bounds__(K::threads,
   const Op* const bs[3] = {s_hi, s_lo, s_hi};
   mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
       as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float v) {
-        if (i < valid) dphi[i * D + f] = K::normalize ? fmaf(z[f], r[i], v * unscale) : v * unscale;
+        if (i < valid) dphi[i * D + f] = v * unscale;
       });
   __syncthreads();
+  if constexpr (K::normalize) {
+    query_r<K>(smem + L.phi_q, dphi, smem + L.den, smem + L.r,
+               a.workspace + w.r + bh * (long long)args.problem.seq + t0, valid);
+    for (int e = threadIdx.x; e < valid * D; e += NT) dphi[e] = fmaf(z[e % D], r[e / D], dphi[e]);
+    __syncthreads();
+  }
   M::FMB::template backward<NT>(smem + L.x, smem + L.phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
                                 smem + L.dx, dparams, smem + LM.jt);
   store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
@@ -399,7 +408,8 @@ __global__ void __launch_bounds__(K::threads,
 // dq) or suffix dS_>c, dz_>c (for dk, dv) of the per-chunk states:
 //   mma_backward_state_kernel  (S_c, z_c) per chunk (kTiles), grid (bh, chunks, dv blocks)
 //   state_scan_kernel          -> S_<c (+ the carried initial state) in place
-//   mma_causal_dq_kernel       den, g, r; dphi(q) = 2^a G S~_<c^T + r z_<c^T + sum_{j<=i in c} B_ij phi(k_j);
+//   mma_causal_dq_kernel       den, g; dphi(q) = 2^a G S~_<c^T + r z_<c^T + sum_{j<=i in c} B_ij phi(k_j)
+//                              with r from the rest (causal_query_r; den and r kept for dkv);
 //                              the chunk's (dS_c, dz_c) = Phi_q^T [G | r] on mma
 //   dstate_scan_kernel         -> dS_>c (+ dS_T) in place; writes dS_>=0
 //   mma_causal_dkv_kernel      dphi(k) = 2^a V dS~_>c^T + dz_>c + sum_{i>=j in c} B_ij phi(q_i),
@@ -508,7 +518,6 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   const FeatureContext ctx{params, t0, seq, 1, 0.0f};
   load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-  load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   __syncthreads();
   backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
@@ -529,10 +538,11 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     den[i] = s;
   }
   __syncthreads();
-  query_gradients<K>(g, smem + L.o, den, r, valid);
+  query_gradients<K>(g, den, nullptr, r, valid);
+  // B_ij = v_j . g_i here; r_i joins dphi(q_i) once query_r has it (below).
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;
-    B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) + r[i] : 0.0f;
+    B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) : 0.0f;
   }
   unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
   unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
@@ -540,10 +550,6 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
                                      reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, C);
   mma_detail::split_rows<NT, D, PD>(phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                     reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, C);
-  for (int e = threadIdx.x; e < C / 2; e += NT) {
-    const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;
-    mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
-  }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Op* g_hi = reinterpret_cast<const Op*>(smem + LM.a_h);
@@ -556,7 +562,7 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
         as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float x) {
           if (i < valid) {
-            float s = K::normalize ? fmaf(z[f], r[i], x * unscale) : x * unscale;
+            float s = x * unscale;
             // The 8 rows of a fragment (i | 7 alike) walk the same j: one
             // phi(k) row per step (B is 0 past the diagonal).
             const int j_end = min(i | 7, valid - 1);
@@ -565,6 +571,13 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
           }
         });
   }
+  __syncthreads();
+  causal_query_r<K>(phi_q, phi_k, z, dphi, den, r, a.workspace + w.r + bh * ws_seq + t0, valid);
+  for (int e = threadIdx.x; e < C / 2; e += NT) {
+    const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;
+    mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
+  }
+  __syncthreads();
   {  // The chunk's [dS_c | dz_c] = Phi_q^T [G | r], hi + lo as mma_dstate_kernel,
      // written over this block's own prefix slot (w.dstate == w.state here:
      // read by stage_scaled_state above, behind its barrier; no other block reads slot c).
@@ -617,7 +630,6 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   const float unscale = cb.unscale;
   load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-  load_rows<T, NT>(a.o, b, h, t0, valid, valid, DV, 0, DV, smem + L.o);
   for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
   __syncthreads();
   backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
@@ -627,7 +639,8 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
   __syncthreads();
   const FeatureContext ctx{params, t0, seq, 0, 0.0f};
   backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
-  query_gradients<K>(g, smem + L.o, den, r, valid);  // ends with a barrier: phi(k) is visible
+  // r from mma_causal_dq_kernel; ends with a barrier: phi(k) is visible
+  query_gradients<K>(g, den, a.workspace + w.r + bh * ws_seq + t0, r, valid);
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
     const int i = e / valid, j = e - i * valid;
     const bool on = i >= j;

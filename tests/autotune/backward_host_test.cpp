@@ -209,15 +209,16 @@ TEST(BackwardWorkspace, FormulaPerBatchHead) {
   AttentionSpec spec = default_spec(Family::luna);  // D = 64, dv = 64, 1160 parameter floats
   const TileConfig c(64, 4, 64, 64, 4);
   // Non-causal: stabiliser slot (4) + S, z and dS, dz partials (2 x 4 splits x (64*64 + 64))
-  // + parameter slots (2 x ceil(1000 / 64) tiles x 1160 floats).
-  EXPECT_EQ(backward_workspace_bytes_per_head(spec, c, 1000), 4 * (4 + 2 * 4 * (64 * 64 + 64) + 2 * 16 * 1160));
+  // + one r per token + parameter slots (2 x ceil(1000 / 64) tiles x 1160 floats).
+  EXPECT_EQ(backward_workspace_bytes_per_head(spec, c, 1000),
+            4 * (4 + 2 * 4 * (64 * 64 + 64) + 1000 + 2 * 16 * 1160));
   spec.causal = true;
-  // Causal: stabiliser slot + one denominator per token + 2 parameter slots.
-  EXPECT_EQ(backward_workspace_bytes_per_head(spec, c, 1000), 4 * (4 + 1000 + 2 * 1160));
+  // Causal: stabiliser slot + one denominator and one r per token + 2 parameter slots.
+  EXPECT_EQ(backward_workspace_bytes_per_head(spec, c, 1000), 4 * (4 + 2 * 1000 + 2 * 1160));
   // Causal performer (no learned parameters): also the running key max M_i per token.
   AttentionSpec perf = default_spec(Family::performer);
   perf.causal = true;
-  EXPECT_EQ(backward_workspace_bytes_per_head(perf, c, 1000), 4 * (4 + 1000 + 1000));
+  EXPECT_EQ(backward_workspace_bytes_per_head(perf, c, 1000), 4 * (4 + 2 * 1000 + 1000));
 }
 
 // ---------------------------------------------------------------- causal performer

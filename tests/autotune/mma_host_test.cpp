@@ -421,9 +421,16 @@ TEST(MmaConfig, CanImplementRulesAndSearchSpace) {
   EXPECT_TRUE(default_config(fp16, sm90(), Pass::backward).mma());  // bf16 operands (mma_backward_host_test.cpp)
   EXPECT_TRUE(default_config(causal, sm90()).mma());
   // The bf16 backward has tensor-core kernels (mma_backward_host_test.cpp); the
-  // causal one tiles by chunk, whose 64-token tiles need more shared memory than sm_90 has.
+  // causal one tiles by chunk, whose 64-token tiles fit sm_90's shared memory
+  // (causal_dq 229,936 bytes), not sm_80's.
   EXPECT_TRUE(can_implement(spec, on, sm90(), Pass::backward));
-  rejects(causal, default_config(causal, sm90()).with_mma(true), Pass::backward, "shared memory");
+  EXPECT_TRUE(can_implement(causal, default_config(causal, sm90()).with_mma(true), sm90(), Pass::backward));
+  {
+    auto st = can_implement(causal, default_config(causal, sm90()).with_mma(true), arch_from_sm(80).value_or_throw(),
+                            Pass::backward);
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.error().message.find("shared memory"), std::string::npos) << st.error().message;
+  }
   rejects(causal_performer, default_config(causal, sm90(), Pass::backward), Pass::backward, "causal performer");
   rejects(spec, TileConfig(8, 4, 64, 64, 4).with_mma(true), Pass::forward, "block_tokens a multiple of 16");
   rejects(spec, TileConfig(64, 4, 8, 64, 4).with_mma(true), Pass::forward, "dv_block a multiple of 16");

@@ -373,8 +373,9 @@ TEST(CostModelPlan, CausalBackwardOnTensorCoresIsChunkParallel) {
   EXPECT_EQ(plan.launches[4].grid, (std::array<unsigned, 3>{63, 6, 1}));
   EXPECT_EQ(plan.launches[1].smem_bytes, 0);
   const int64_t P = param_layout(s).per_head_floats;
-  // One array of per-chunk states: the prefix, then (written over it by dq) the chunks' dS and their suffix.
-  EXPECT_EQ(plan.workspace_floats, 8 + 6LL * 63 * part + 6 * 1000 + 2LL * 6 * 63 * P);
+  // One array of per-chunk states: the prefix, then (written over it by dq) the chunks' dS and their
+  // suffix; den and r per token.
+  EXPECT_EQ(plan.workspace_floats, 8 + 6LL * 63 * part + 2 * 6 * 1000 + 2LL * 6 * 63 * P);
   // The scans carry no shared memory and no tensor-core work; no kernel walks chunks in series but the scans.
   for (const char* role : {"state_scan", "dstate_scan"}) {
     const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
