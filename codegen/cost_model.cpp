@@ -7,6 +7,7 @@
 
 #include "codegen/feature_params.h"
 #include "codegen/occupancy.h"
+#include "lunajit/layout.cuh"
 
 namespace lunajit {
 namespace {
@@ -484,6 +485,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     sp.sfu = nd * BH * N * sfu_row;
     // mma: phi split into bf16 hi + lo (kSplitPhi); fp16 V split too (+ Phi_hi^T V_lo).
     if (pass == Pass::backward) sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2;
+    // mma: the forward's K and V stream through a two-stage cp.async pipeline (mma_state_pipelined).
+    if (tensor && mma_state_pipelined(d, pass == Pass::backward)) k.pipeline_stages = 2;
   } else if (role == "output") {
     const double nt = ceil_div(N, c.block_tokens());
     k.bytes = BH * N * (d + dv) * e + partials + params;
@@ -573,7 +576,9 @@ KernelPrediction predict_kernel(const KernelCounts& k, const GpuSpec& gpu, const
   const double fill = std::min(1.0, blocks / sms);
   const double resident = std::min<double>(bps, std::ceil(blocks / sms));
   const double warps = resident * ((k.threads + 31) / 32);
-  const double hiding = std::min(1.0, warps / kWarpsToHideLatency);
+  // A kernel whose loads run pipeline_stages tiles ahead (cp.async) keeps that
+  // many tiles' loads in flight per warp: counted as that many warps.
+  const double hiding = std::min(1.0, warps * std::max(1, k.pipeline_stages) / kWarpsToHideLatency);
   const double slots = sms * bps;
   const double waves = std::ceil(blocks / slots);
   const double wave_eff = waves > 1 ? blocks / (waves * slots) : 1.0;

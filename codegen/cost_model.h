@@ -23,8 +23,12 @@
 //                     threads, ptxas registers (64 assumed when not compiled)
 //                     and static + dynamic shared memory
 //     sm_fill         = min(1, blocks / SMs)
-//     latency_hiding  = min(1, resident warps per SM / 16): 16 warps keep the
-//                     pipes and DRAM busy in practice
+//     latency_hiding  = min(1, resident warps per SM * stages / 16): 16 warps keep
+//                     the pipes and DRAM busy in practice; stages = pipeline_stages,
+//                     the tiles whose loads a warp keeps in flight (2 for the
+//                     tensor-core forward state pass's cp.async double buffer,
+//                     mma_state_pipelined; else 1). An assumption that a GPU
+//                     run has not calibrated yet.
 //     wave_eff        = blocks / (waves * SMs * blocks per SM) for more than one wave
 //     efficiency      = sm_fill * latency_hiding * wave_eff
 //   Serial chain (the causal chunk walk: each block walks serial_steps chunks

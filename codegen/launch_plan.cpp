@@ -176,11 +176,12 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
   // mma: the tensor-core state/output/causal_chunk kernels (the backward's
   // "state" role with mma is the same mma_state_block).
   // The causal walk's per-range state pass tiles by chunk (super-chunk split).
-  if (role == "state" && c.mma())
-    return mma_smem_layout(KernelKind::state, dims(spec.causal ? c.chunk() : c.block_tokens()),
-                           /*split_phi=*/pass == Pass::backward,
-                           /*split_v=*/pass == Pass::backward && spec.dtype == DType::fp16)
+  if (role == "state" && c.mma()) {
+    const bool split_phi = pass == Pass::backward, split_v = split_phi && spec.dtype == DType::fp16;
+    return mma_smem_layout(KernelKind::state, dims(spec.causal ? c.chunk() : c.block_tokens()), split_phi, split_v,
+                           mma_state_pipelined(spec.head_dim, split_phi))
         .bytes();
+  }
   if (role == "output" && c.mma()) return mma_smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();
   if (role == "state") return smem_layout(KernelKind::state, dims(c.block_tokens())).bytes();
   if (role == "output") return smem_layout(KernelKind::output, dims(c.block_tokens())).bytes();

@@ -152,16 +152,20 @@ struct MmaSmemLayout {
   int phi_k_h = 0;                                                     // causal_chunk only
   int phi_lo = 0;  // state with split_phi (the backward's state pass): phi's bf16 low halves (tokens, D + 8)
   int v_lo = 0;    // state with split_v (the fp16 backward's state pass): V's bf16 low halves (tokens, dv_block + 8)
+  // state with pipelined (mma_state_pipelined): the cp.async buffers, a
+  // second V tile (tokens, dv_block + 8) and the raw 16-bit K tile (tokens, d).
+  int v_h2 = 0, k_raw = 0;
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
 
 LUNAJIT_HOST_DEVICE constexpr int mma_row_halves(int cols) { return cols + 8; }
 
 // split_phi: the backward's state pass (phi split into bf16 hi + lo);
-// split_v: with fp16 I/O also V, which bf16 holds exactly only as hi + lo.
+// split_v: with fp16 I/O also V, which bf16 holds exactly only as hi + lo;
+// pipelined: the state pass's cp.async double buffer (mma_state_pipelined).
 LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, LayoutDims p, bool split_phi = false,
-                                                           bool split_v = false) {
-  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                                                           bool split_v = false, bool pipelined = false) {
+  MmaSmemLayout l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   int off = 0;
   if (kind == KernelKind::causal_chunk) {
     l.x = off;       off = align4(off + p.tokens * p.d);
@@ -193,6 +197,10 @@ LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, Lay
     if (split_phi && split_v) {
       l.v_lo = off; off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
     }
+    if (pipelined) {
+      l.v_h2 = off;  off = align4(off + (p.tokens * mma_row_halves(p.dv_block) + 1) / 2);
+      l.k_raw = off; off = align4(off + (p.tokens * p.d + 1) / 2);  // (tokens, d) 16-bit
+    }
   } else {
     l.s_h = off;   off = align4(off + (p.D * mma_row_halves(p.dv_block) + 1) / 2);
     l.z_h = off;   off = align4(off + (p.D + 1) / 2);
@@ -201,6 +209,17 @@ LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, Lay
   l.total = off;
   return l;
 }
+
+// Whether the tensor-core state pass (mma_state_block) streams its K and V
+// tiles with a two-stage cp.async pipeline: the forward's (its block walks a
+// range of tiles), with rows of whole 16-byte chunks (d a multiple of 8;
+// dv_block is a multiple of 16 on every mma config). The kernel also checks
+// at run time that the rows are 16-byte aligned, and loads them synchronously
+// otherwise. Not the backward's state pass (split_phi): the buffers' registers
+// on top of the split map's made ptxas spill 8-20 bytes on sm_80 (LUNA with
+// the envelope, gelu and softplus, every top-ranked config), and its causal
+// form maps one chunk per block (nothing to overlap).
+LUNAJIT_HOST_DEVICE constexpr bool mma_state_pipelined(int d, bool split_phi) { return !split_phi && d % 8 == 0; }
 
 // Warp tiling of the mma passes. A block's warps form a grid of warps_m x
 // warps_n over the product's 16-row m-tiles and 8-column n-tiles:

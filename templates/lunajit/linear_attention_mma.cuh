@@ -197,7 +197,8 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   static_assert(D % 16 == 0 && DVB % 16 == 0 && Tk % 16 == 0,
                 "mma kernels need D, dv_block and the token tile multiples of 16 (can_implement)");
   static_assert(W.fits, "warps do not tile the mma state product (can_implement)");
-  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk), kSplitPhi, kSplitV);
+  constexpr bool kPipe = mma_state_pipelined(K::d, kSplitPhi);  // the cp.async double buffer
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::state, Tr::dims(Tk), kSplitPhi, kSplitV, kPipe);
   float* smem = reinterpret_cast<float*>(dynamic_smem());
   const Op* phi_h = reinterpret_cast<const Op*>(smem + L.phi_h);  // (Tk, PD)
   const Op* phi_lo = reinterpret_cast<const Op*>(smem + L.phi_lo);  // (Tk, PD), kSplitPhi
@@ -222,22 +223,66 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   unsigned* v_words = reinterpret_cast<unsigned*>(smem + L.v_h);
   unsigned* v_lo_words = reinterpret_cast<unsigned*>(smem + L.v_lo);
   const MmaPhi<K> phi_map(params);  // the feature map's parameters, staged once per block
-  for (int t0 = s0; t0 < s1; t0 += Tk) {
+  const T* kbase = static_cast<const T*>(k_in.data) + b * k_in.stride_batch + h * k_in.stride_head;
+  // The cp.async pipeline (kPipe) needs every row's 16-byte chunks aligned; a
+  // strided view that breaks that takes the synchronous loads (block-uniform).
+  const bool pipe = kPipe && reinterpret_cast<unsigned long long>(kbase) % 16 == 0 && k_in.stride_seq % 8 == 0 &&
+                    reinterpret_cast<unsigned long long>(vbase + c0) % 16 == 0 && v_in.stride_seq % 8 == 0;
+  // The pipeline's buffers: K's raw rows (Tk, d), converted to the fp32 x tile
+  // as soon as they land, and two V tiles (Tk, PV), read by the products.
+  T* const k_raw = reinterpret_cast<T*>(smem + L.k_raw);
+  auto v_stage = [&](int st) { return reinterpret_cast<T*>(smem + (st ? L.v_h2 : L.v_h)); };
+  // Issues the cp.async copies of the tile at t (rows past the range end and
+  // columns past dv zero-filled) into k_raw and V tile st, and commits them as one group.
+  auto issue = [&](int t, int st) {
+    const int n = min(Tk, s1 - t);
+    constexpr int KC = K::d / 8, VC = DVB / 8;  // 16-byte chunks a row
+    for (int e = threadIdx.x; e < Tk * KC; e += NT) {
+      const int r = e / KC, c = 8 * (e - r * KC);
+      const bool in = r < n;
+      mma::cp_async_cg_zfill(k_raw + r * K::d + c, in ? kbase + (long long)(t + r) * k_in.stride_seq + c : kbase,
+                             in ? 16 : 0);
+    }
+    T* vt = v_stage(st);
+    for (int e = threadIdx.x; e < Tk * VC; e += NT) {
+      const int r = e / VC, c = 8 * (e - r * VC);
+      const int bytes = r < n ? 2 * max(0, min(8, K::dv - (c0 + c))) : 0;
+      mma::cp_async_cg_zfill(vt + r * PV + c, bytes > 0 ? vbase + (long long)(t + r) * v_in.stride_seq + c0 + c : vbase,
+                             bytes);
+    }
+    mma::cp_async_commit();
+  };
+  if (pipe && s0 < s1) issue(s0, 0);
+  int stage = 0;
+  for (int t0 = s0; t0 < s1; t0 += Tk, stage ^= 1) {
     const int valid = min(Tk, s1 - t0);
-    load_rows<T, NT>(k_in, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-    // V in its own dtype (exact), zero past the range end and past dv.
-    for (int e = threadIdx.x; e < Tk * (DVB / 2); e += NT) {
-      const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
-      float lo = 0.0f, hi = 0.0f;
-      if (r < valid) {
-        const T* row = vbase + (long long)(t0 + r) * v_in.stride_seq + c0;
-        if (c0 + c < K::dv) lo = to_float(row[c]);
-        if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
+    const Op* v_cur = v_h;
+    if (pipe) {
+      mma::cp_async_wait<0>();
+      __syncthreads();  // every thread's copies of this tile are visible
+      for (int e = threadIdx.x; e < valid * K::d; e += NT) smem[L.x + e] = to_float(k_raw[e]);
+      v_cur = reinterpret_cast<const Op*>(v_stage(stage));
+      __syncthreads();  // k_raw is free
+      // The next tile's copies overlap this tile's map and products: k_raw is
+      // converted, and V tile stage ^ 1 was last read in the previous
+      // iteration, which ended with a barrier.
+      if (t0 + Tk < s1) issue(t0 + Tk, stage ^ 1);
+    } else {
+      load_rows<T, NT>(k_in, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+      // V in its own dtype (exact), zero past the range end and past dv.
+      for (int e = threadIdx.x; e < Tk * (DVB / 2); e += NT) {
+        const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
+        float lo = 0.0f, hi = 0.0f;
+        if (r < valid) {
+          const T* row = vbase + (long long)(t0 + r) * v_in.stride_seq + c0;
+          if (c0 + c < K::dv) lo = to_float(row[c]);
+          if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
+        }
+        if constexpr (kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
+          mma_detail::split_bf16x2(lo, hi, v_words[(r * PV + c) / 2], v_lo_words[(r * PV + c) / 2]);
+        else
+          v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
       }
-      if constexpr (kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
-        mma_detail::split_bf16x2(lo, hi, v_words[(r * PV + c) / 2], v_lo_words[(r * PV + c) / 2]);
-      else
-        v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);  // exact: lo, hi are T values
     }
     __syncthreads();
     const FeatureContext ctx{params, t0, seq, 0, key_stab};
@@ -261,10 +306,10 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
     }
     __syncthreads();
     mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
-        acc, zacc, phi_h, v_h, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
+        acc, zacc, phi_h, v_cur, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
     if constexpr (kSplitPhi)
       mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
-          acc, zacc, phi_lo, v_h, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
+          acc, zacc, phi_lo, v_cur, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
     if constexpr (kSplitV)  // z has had both of phi's halves: no ones column here
       mma_detail::state_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, Tk, PD, PV>(
           acc, zacc, phi_h, v_lo, wm, wn, /*with_z=*/false, lane, mma_detail::OnesColumn{ones});

@@ -30,6 +30,7 @@
 #include "autotune/validation.h"
 #include "codegen/cost_model.h"
 #include "codegen/launch_plan.h"
+#include "lunajit/layout.cuh"
 #include "codegen/feature_params.h"
 #include "runtime/attention_runner.h"
 #include "tests/autotune/host_cases.h"
@@ -378,6 +379,47 @@ TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
     }
     EXPECT_EQ(reps[0].rel_rms, reps[1].rel_rms);
     EXPECT_EQ(reps[0].max_abs_error, reps[1].max_abs_error);
+  }
+}
+
+// The forward state pass's cp.async pipeline (mma_state_pipelined): a block
+// that walks several tiles (T16, one split: n = 77 is five tiles, the last
+// partial) prefetches tile i + 1 while it maps and multiplies tile i. Run
+// under the sanitizers (a read of a cp.async destination before its
+// wait_group is an init finding) in two thread orders, against the reference:
+//   dv 64 contiguous: every row 16-byte aligned, the pipeline;
+//   dv 60 fused QKV, 2 heads: row stride 2 (64 + 64 + 60) = 376 halves, aligned,
+//     the pipeline with V's last 16-byte chunk zero-filled past dv;
+//   dv 60 contiguous and fused with 1 head (strides 60 and 188 halves): rows
+//     not 16-byte aligned, the synchronous loads.
+TEST(MmaForwardPipeline, CleanAndCorrectAlignedOrNot) {
+  struct Case { int dv; InputLayout layout; int heads; };
+  for (auto [dv, layout, heads] : {Case{64, InputLayout::contiguous, 2}, Case{60, InputLayout::fused_qkv, 2},
+                                   Case{60, InputLayout::contiguous, 1}, Case{60, InputLayout::fused_qkv, 1}}) {
+    AttentionSpec spec = default_spec(Family::luna);
+    spec.value_dim = dv;
+    const TileConfig config = TileConfig(16, 4, 64, 64, 1).with_mma(true);
+    SCOPED_TRACE(fmt::format("dv {} {} heads {}", dv, layout == InputLayout::fused_qkv ? "fused" : "contiguous", heads));
+    ASSERT_TRUE(can_implement(spec, config, sm90())) << can_implement(spec, config, sm90()).error().message;
+    ASSERT_TRUE(mma_state_pipelined(spec.head_dim, false));
+    CheckOptions opt;
+    opt.shape = {1, heads, 77};
+    opt.seed = 11;
+    opt.layout = layout;
+    std::vector<CheckReport> reps;
+    for (const char* schedule : {"init,bounds,sync,race,schedule=reverse",
+                                 "init,bounds,sync,race,schedule=random:20261203"}) {
+      SCOPED_TRACE(schedule);
+      HostBackend backend;
+      backend.set_sanitize(host::parse_sanitize(schedule).value_or_throw());
+      auto rep = check_forward(backend, spec, config, opt);
+      ASSERT_TRUE(rep.ok()) << rep.error().message;
+      EXPECT_TRUE(rep->pass) << rep->rel_rms;
+      EXPECT_GE(backend.sanitized_launches(), 2u);
+      EXPECT_TRUE(backend.last_findings().empty());
+      reps.push_back(*rep);
+    }
+    EXPECT_EQ(reps[0].rel_rms, reps[1].rel_rms);
   }
 }
 
