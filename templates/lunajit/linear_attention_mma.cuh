@@ -353,6 +353,22 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   const int valid = min(Tk, seq - t0);
   if (valid <= 0) return;  // a tile past the end of a shorter packed sequence (whole block)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The query tile's raw 16-bit rows are fetched with cp.async into the phi
+  // tile (free until the map) while the block sums the state partials, then
+  // converted to the fp32 x tile; rows that are not 16-byte aligned (a strided
+  // view) are loaded after the sums as before (block-uniform).
+  constexpr bool kQPipe = K::d % 8 == 0 && 2 * K::D >= K::d;  // whole 16-byte chunks; the raw tile fits phi
+  const T* qbase = static_cast<const T*>(a.q.data) + b * a.q.stride_batch + h * a.q.stride_head;
+  const bool q_pipe = kQPipe && reinterpret_cast<unsigned long long>(qbase) % 16 == 0 && a.q.stride_seq % 8 == 0;
+  T* const q_raw = reinterpret_cast<T*>(smem + L.phi);
+  if (q_pipe) {
+    constexpr int QC = K::d / 8;  // 16-byte chunks a row
+    for (int e = threadIdx.x; e < valid * QC; e += NT) {
+      const int r = e / QC, c = 8 * (e - r * QC);
+      mma::cp_async_cg(q_raw + r * K::d + c, qbase + (long long)(t0 + r) * a.q.stride_seq + c);
+    }
+    mma::cp_async_commit();
+  }
   const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
                        (long long)bh * K::state_splits * kPart;
   float* S = smem + L.state;  // (D, DVB) fp32
@@ -383,7 +399,13 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
     red[warp] = smax;
     red[NW + warp] = zmax;
   }
-  load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  if (q_pipe) {
+    mma::cp_async_wait<0>();
+    __syncthreads();  // every thread's copies are visible
+    for (int e = threadIdx.x; e < valid * K::d; e += NT) smem[L.x + e] = to_float(q_raw[e]);
+  } else {
+    load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  }
   __syncthreads();
   smax = red[0];
   zmax = red[NW];

@@ -382,16 +382,18 @@ TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
   }
 }
 
-// The forward state pass's cp.async pipeline (mma_state_pipelined): a block
-// that walks several tiles (T16, one split: n = 77 is five tiles, the last
-// partial) prefetches tile i + 1 while it maps and multiplies tile i. Run
+// The forward's cp.async loads: the state pass's pipeline
+// (mma_state_pipelined): a block that walks several tiles (T16, one split:
+// n = 77 is five tiles, the last partial) prefetches tile i + 1 while it maps
+// and multiplies tile i; and the output kernel's query tile, fetched while the
+// block sums the state partials (raw rows in the phi tile). Run
 // under the sanitizers (a read of a cp.async destination before its
 // wait_group is an init finding) in two thread orders, against the reference:
 //   dv 64 contiguous: every row 16-byte aligned, the pipeline;
 //   dv 60 fused QKV, 2 heads: row stride 2 (64 + 64 + 60) = 376 halves, aligned,
 //     the pipeline with V's last 16-byte chunk zero-filled past dv;
 //   dv 60 contiguous and fused with 1 head (strides 60 and 188 halves): rows
-//     not 16-byte aligned, the synchronous loads.
+//     not 16-byte aligned, the synchronous loads (fused: Q's rows too).
 TEST(MmaForwardPipeline, CleanAndCorrectAlignedOrNot) {
   struct Case { int dv; InputLayout layout; int heads; };
   for (auto [dv, layout, heads] : {Case{64, InputLayout::contiguous, 2}, Case{60, InputLayout::fused_qkv, 2},
