@@ -341,6 +341,30 @@ TEST(MmaForwardHostPacked, CarriedStateAndPackedSequencesMatchTheScalarKernels) 
   }
 }
 
+// check_forward under the init, bounds, sync and race sanitizers in the
+// reverse thread order and in `random` (schedule=random:SEED): each passes
+// against the reference with at least `launches` sanitized launches and no
+// finding, and the two give the same errors (fixed-order sums, no atomics).
+void sanitized_forward_twice(const AttentionSpec& spec, const TileConfig& config, const CheckOptions& opt,
+                             unsigned launches, const char* random) {
+  std::vector<CheckReport> reps;
+  for (const std::string& schedule : {std::string("init,bounds,sync,race,schedule=reverse"),
+                                      "init,bounds,sync,race,schedule=" + std::string(random)}) {
+    SCOPED_TRACE(schedule);
+    HostBackend backend;
+    backend.set_sanitize(host::parse_sanitize(schedule).value_or_throw());
+    auto rep = check_forward(backend, spec, config, opt);
+    ASSERT_TRUE(rep.ok()) << rep.error().message;
+    EXPECT_TRUE(rep->pass) << rep->rel_rms;
+    EXPECT_GE(backend.sanitized_launches(), launches);
+    EXPECT_TRUE(backend.last_findings().empty());
+    reps.push_back(*rep);
+  }
+  ASSERT_EQ(reps.size(), 2u);
+  EXPECT_EQ(reps[0].rel_rms, reps[1].rel_rms);
+  EXPECT_EQ(reps[0].max_abs_error, reps[1].max_abs_error);
+}
+
 // The sanitizers find nothing, and the result is bitwise the same under both
 // thread orders (fixed-order reductions, no atomics).
 TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
@@ -364,21 +388,7 @@ TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
     CheckOptions opt;
     opt.shape = {1, 2, 33};
     opt.seed = 7;
-    std::vector<CheckReport> reps;
-    for (const char* schedule : {"init,bounds,sync,race,schedule=reverse",
-                                 "init,bounds,sync,race,schedule=random:20261201"}) {
-      SCOPED_TRACE(schedule);
-      HostBackend backend;
-      backend.set_sanitize(host::parse_sanitize(schedule).value_or_throw());
-      auto rep = check_forward(backend, spec, config, opt);
-      ASSERT_TRUE(rep.ok()) << rep.error().message;
-      EXPECT_TRUE(rep->pass) << rep->rel_rms;
-      EXPECT_GE(backend.sanitized_launches(), causal ? 1u : 2u);  // causal: the one chunk-walk kernel
-      EXPECT_TRUE(backend.last_findings().empty());
-      reps.push_back(*rep);
-    }
-    EXPECT_EQ(reps[0].rel_rms, reps[1].rel_rms);
-    EXPECT_EQ(reps[0].max_abs_error, reps[1].max_abs_error);
+    sanitized_forward_twice(spec, config, opt, causal ? 1u : 2u, "random:20261201");  // causal: the one chunk-walk kernel
   }
 }
 
@@ -408,20 +418,7 @@ TEST(MmaForwardPipeline, CleanAndCorrectAlignedOrNot) {
     opt.shape = {1, heads, 77};
     opt.seed = 11;
     opt.layout = layout;
-    std::vector<CheckReport> reps;
-    for (const char* schedule : {"init,bounds,sync,race,schedule=reverse",
-                                 "init,bounds,sync,race,schedule=random:20261203"}) {
-      SCOPED_TRACE(schedule);
-      HostBackend backend;
-      backend.set_sanitize(host::parse_sanitize(schedule).value_or_throw());
-      auto rep = check_forward(backend, spec, config, opt);
-      ASSERT_TRUE(rep.ok()) << rep.error().message;
-      EXPECT_TRUE(rep->pass) << rep->rel_rms;
-      EXPECT_GE(backend.sanitized_launches(), 2u);
-      EXPECT_TRUE(backend.last_findings().empty());
-      reps.push_back(*rep);
-    }
-    EXPECT_EQ(reps[0].rel_rms, reps[1].rel_rms);
+    sanitized_forward_twice(spec, config, opt, 2u, "random:20261203");
   }
 }
 
