@@ -35,10 +35,10 @@ EffectiveKnobs effective_knobs(const AttentionSpec& spec, Pass pass) {
   if (spec.causal) {
     k.chunk = true;
     k.block_tokens = spec.family == Family::performer;
-    // mma_causal_chunk_kernel and the chunk-parallel tensor-core backward;
+    // mma_causal_chunk_kernel and the tensor-core backward's chunk walks;
     // the causal performer has neither (can_implement).
     k.mma = spec.dtype != DType::fp32 && spec.family != Family::performer;
-    k.state_splits = k.mma && pass == Pass::forward;  // the super-chunk split of the tensor-core walk
+    k.state_splits = k.mma;  // the super-chunk split of the tensor-core walks (forward and backward)
     k.state_splits_mma_only = true;
   } else {
     k.block_tokens = true;

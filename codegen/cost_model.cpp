@@ -243,9 +243,9 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
     k.tc_dtype = s.dtype;
     k.tc_flops += sp.jt_tc;
     k.cuda_flops = k.flops - k.tc_flops;
-    // (sp.fp32_tiles: fp32 products beside the mma ones, the chunk-parallel
-    // causal backward's intra-chunk terms: two operands per FMA, one
-    // wavefront per 32 FLOPs as the scalar rule below.)
+    // (sp.fp32_tiles: fp32 work beside the mma products, the causal
+    // backward's intra-chunk terms and its walks' state updates: two
+    // operands per FMA, one wavefront per 32 FLOPs as the scalar rule below.)
     k.smem_wavefronts = fm_wave + sp.jt_wave + sp.product * sp.tc_terms * e * 64 / (2 * 32 * 32) / 128 +
                         sp.fp32_tiles / 32;
   } else {
@@ -263,8 +263,12 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
                                      const ProblemShape& shape, bool tensor) {
   const double BH = double(shape.batch) * shape.heads, N = shape.seq;
   const double d = s.head_dim, dv = s.value_dim, D = s.feature_dim(), e = dtype_bytes(s.dtype);
-  const bool tiles = causal_backward_tiles(s, c, Pass::backward);  // chunk-parallel causal (tensor cores)
+  const bool tiles = causal_backward_tiles(s, c, Pass::backward);  // causal walks on tensor cores
   const double splits = c.state_splits(), nt = ceil_div(N, tiles ? c.chunk() : c.block_tokens());
+  // The causal walks' ranges: split_range's ceil(nt / R) chunks each, so only
+  // ceil(nt / ceil(nt / R)) of the R ranges hold chunks (the rest are empty).
+  const double per_range = tiles ? std::ceil(nt / splits) : 0;
+  const double live_ranges = tiles ? std::ceil(nt / per_range) : 0;
   const bool learned = has_learned_params(s);
   const double P = double(param_layout(s).per_head_floats), Hp = s.params_per_head ? shape.heads : 1;
   const double params = 4.0 * P * Hp;
@@ -319,34 +323,45 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2.5;
     sp.sfu = BH * N * (sfu_row + jsfu);
   } else if (role == "state_scan" || role == "dstate_scan") {
-    // Each thread walks one entry of (S, z) or (dS, dz) through the chunk
-    // partials (read and written once), loads 8 chunks ahead.
-    k.bytes = 2 * 4 * BH * nt * part + 4 * BH * part * (role == "dstate_scan" ? 2 : 1);
-    k.flops = BH * nt * part;
+    // Each thread walks one entry of (S, z) or (dS, dz) through the range
+    // partials (read and written once), loads 8 ranges ahead.
+    k.bytes = 2 * 4 * BH * splits * part + 4 * BH * part * (role == "dstate_scan" ? 2 : 1);
+    k.flops = BH * splits * part;
     sp.product = 0;
-    k.serial_steps = std::ceil(nt / 8);
+    k.serial_steps = std::ceil(splits / 8);
   } else if (tiles && (role == "causal_dq" || role == "causal_dkv")) {
-    // Chunk-parallel on tensor cores, per chunk of cc tokens: the inter-chunk
-    // products on mma (dq: G S^T, three split terms, and the chunk's
-    // Phi_q^T [G | r], three; dkv: V dS^T two or three, Phi_k dS three), the
-    // intra-chunk C x C terms fp32 on CUDA cores over the row-major fp32
-    // tiles (conflict-free: rotated dot products, padded score rows).
+    // Super-chunk walks on tensor cores: a block walks its range's chunks of
+    // cc tokens with the fp32 state in shared memory. Per chunk, on mma: dq
+    // G S^T and Phi_q^T [G | r] (three split terms each) and the update
+    // S += Phi_k^T [V | 1] (two, three for fp16 I/O); dkv V dS^T (two or
+    // three) and Phi_k dS (three) and the update dS += Phi_q^T [G | r]
+    // (three). The intra-chunk C x C terms fp32 on CUDA cores over the
+    // row-major fp32 tiles (conflict-free: rotated dot products, padded score
+    // rows); the updates' adds and the restaged hi + lo tiles (dq also adds
+    // the range's dS) as shared words, one wavefront per 32.
     const bool dq = role == "causal_dq";
-    // k, v, q, dO (+ dq) or q, dO, k, v (+ dk, dv); den and r written / read.
+    const bool fp16 = s.dtype == DType::fp16;
+    // k, v, q, dO (+ dq) or q, dO, k, v (+ dk, dv); den and r written / read;
+    // the range's prefix read and its (dS, dz) written, or its suffix read.
     k.bytes = BH * N * (dq ? 3 * d + 2 * dv : 3 * d + 3 * dv) * e + norm * 8 * BH * N + params +
-              2 * 4 * BH * nt * part * (dq ? 1 : 0.5) + (learned ? 4 * P * BH * nt : 0);
+              4 * BH * splits * part * (dq ? 2 : 1) + (learned ? 4 * P * BH * splits : 0);
     const double C = c.chunk(), cc = std::min(C, N), tri_all = nt * cc * (cc + 1) / 2;  // rows x kept columns
     const double intra = tri_all * (2 * D + 2 * dv + 1) + tri_all * (dq ? 2 * D + norm : 2 * D + 2 * dv);
-    const double inter = dq ? 2 * N * D * dv + 2 * N * D * (dv + 1) : 4 * N * D * dv;
+    const double updates = nt - live_ranges;  // every chunk but each range's last
+    const double update = 2 * N * D * (dv + 1) * updates / nt;
+    const double inter = (dq ? 2 * N * D * dv + 2 * N * D * (dv + 1) : 4 * N * D * dv) + update;
+    const double terms = dq ? 3 * 2 * N * D * dv + 3 * 2 * N * D * (dv + 1) + (fp16 ? 3 : 2) * update
+                            : (fp16 ? 3 : 2) * 2 * N * D * dv + 3 * 2 * N * D * dv + 3 * update;
     const double J = dq ? Jq : Jk;
     k.flops = BH * (N * (Fq + Fk + grad_row + (dq ? den_row + D * norm : D) + J) + intra + inter);
     sp.fm = BH * N * (Fq + Fk + (jt_tc ? 0 : J));
     sp.jt_tc = jt_tc ? BH * N * (dq ? JQ : JK).tc_flops : 0;
     sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts : 0;
     sp.product = BH * inter;
-    sp.tc_terms = dq ? 3 : (s.dtype == DType::fp16 ? 3 : 2.5);
-    sp.fp32_tiles = BH * intra;
+    sp.tc_terms = terms / inter;
+    sp.fp32_tiles = BH * (intra + updates * (dq ? 7 : 5) * D * dv);
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));
+    k.serial_steps = per_range;
   } else if (role == "causal_dq" || role == "causal_dkv") {
     const bool dq = role == "causal_dq";
     k.bytes = BH * N * ((dq ? 3 * d + 2 * dv : 3 * d + 3 * dv) + o_row) * e + norm * 8 * BH * N + params +
@@ -380,7 +395,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.serial_steps = ceil_div(N, C);
   } else {  // param_reduce
     if (!learned) return Error::invalid("param_reduce: this feature map learns no parameters");
-    const double slots = 2 * BH * (s.causal && !tiles ? 1 : nt);
+    const double slots = 2 * BH * (tiles ? splits : s.causal ? 1 : nt);
     k.bytes = 4 * P * slots + 4 * P * Hp;
     k.flops = P * slots;
   }
@@ -405,7 +420,7 @@ bool uses_tensor_cores(const AttentionSpec& spec, const TileConfig& config, Pass
   // as the forward's, and the dstate, dq and dkv products; LUNA's neural map
   // and its J^T move to mma, feature_map_on_tensor_cores and
   // jacobian_on_tensor_cores, other maps stay on CUDA cores); the causal backward (not the performer's) is
-  // chunk-parallel with the same inter-chunk products and fp32 intra-chunk terms.
+  // walks super-chunk ranges with the same inter-chunk products and fp32 intra-chunk terms.
   if (!config.mma() || spec.dtype == DType::fp32) return false;
   if (pass == Pass::backward) return !(spec.causal && spec.family == Family::performer);
   return pass == Pass::forward && !(spec.causal && spec.family == Family::performer);
@@ -461,9 +476,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
   const double Fq = feature_map_flops_per_token(s, true), Fk = feature_map_flops_per_token(s, false);
   const double sfu_row = feature_map_sfu_per_token(s);
   const double norm = s.normalize ? 1 : 0;
-  // The chunk-parallel causal backward's state pass writes one partial per chunk.
-  const double parts = causal_backward_tiles(s, c, pass) ? ceil_div(N, c.chunk()) : splits;
-  const double partials = 4 * BH * parts * (D * dv + D);
+  const double partials = 4 * BH * splits * (D * dv + D);
   KernelCounts k;
   k.role = std::string(role);
   Split sp;

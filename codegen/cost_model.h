@@ -205,26 +205,33 @@
 //                           c (Fq + Fk) + tri 2D (A) + tri (2dv + 1) (B) + c (grad row)
 //                           + c D 2dv + 2D tri (dphi) + c dv 2D + 2 dv tri (dv)
 //                           + 2 D dv c (dS update) + 2 D c (dz update) + c Jk
-//   The chunk-parallel causal backward on tensor cores (causal_backward_tiles;
-//   nt = ceil(N / chunk) chunks, part = D dv + D, tri_all = nt c (c + 1) / 2
-//   with c = min(chunk, N) (the kept (row, column) pairs, partial last chunk
-//   counted full)):
-//   state         as the forward's, one partial per chunk: 4 BH nt part bytes written
-//   state_scan    bytes = 2 * 4 BH nt part (read and written in place) + 4 BH part (seed)
-//   dstate_scan   the same + 4 BH part (dS_>=0 written); flops BH nt part;
-//                 serial steps ceil(nt / 8) (8 chunks' loads in flight)
-//   causal_dq     bytes = BH N (3d + 2dv) e + nrm 8 BH N + 4 P Hp + 2 * 4 BH nt part
-//                         (prefix read, the chunk's (dS, dz) written) + 4 Pl BH nt
-//                 mma:  2 N D dv (G S^T) + 2 N D (dv + 1) (Phi_q^T [G | r]), three split terms each
+//   The causal backward on tensor cores (causal_backward_tiles; nt =
+//   ceil(N / chunk) chunks in R = state_splits ranges of pr = ceil(nt / R)
+//   (split_range: lr = ceil(nt / pr) ranges hold chunks), part = D dv + D,
+//   tri_all = nt c (c + 1) / 2 with c = min(chunk, N) (the kept (row, column)
+//   pairs, partial last chunk counted full), upd = nt - lr state updates
+//   (after every chunk but each range's last), U = 2 N D (dv + 1) upd / nt):
+//   state         as the forward's, one partial per range: 4 BH R part bytes written
+//   state_scan    bytes = 2 * 4 BH R part (read and written in place) + 4 BH part (seed)
+//   dstate_scan   the same + 4 BH part (dS_>=0 written); flops BH R part;
+//                 serial steps ceil(R / 8) (8 ranges' loads in flight)
+//   causal_dq     bytes = BH N (3d + 2dv) e + nrm 8 BH N + 4 P Hp + 2 * 4 BH R part
+//                         (prefix read, the range's (dS, dz) written) + 4 Pl BH R
+//                 mma:  2 N D dv (G S^T) + 2 N D (dv + 1) (Phi_q^T [G | r]), three split
+//                       terms each, + U (S += Phi_k^T [V | 1]; two terms bf16, three fp16)
 //                 fp32 tiles (intra-chunk, conflict-free: 1 wavefront per 32 FLOPs):
 //                       tri_all (2D + 2dv + 1) (A, B) + tri_all (2D + nrm) (dphi, den)
+//                       + 7 D dv upd (the update's adds, the restaged hi + lo, dS summed)
 //                 flops = the above + BH N (Fq + Fk + grad row + den row + nrm D + Jq)
-//   causal_dkv    bytes = BH N (3d + 3dv) e + nrm 8 BH N + 4 P Hp + 4 BH nt part + 4 Pl BH nt
-//                 mma:  4 N D dv (V dS^T, Phi_k dS; 2.5 terms bf16, 3 fp16)
+//                 serial steps pr (the walk)
+//   causal_dkv    bytes = BH N (3d + 3dv) e + nrm 8 BH N + 4 P Hp + 4 BH R part + 4 Pl BH R
+//                 mma:  4 N D dv (V dS^T two terms bf16, three fp16; Phi_k dS three)
+//                       + U (dS += Phi_q^T [G | r], three)
 //                 fp32 tiles: tri_all (2D + 2dv + 1) + tri_all (2D + 2dv) (dphi, dv)
-//                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); no serial steps
-//   param_reduce  (learned families only) with slots = 2 BH nt (non-causal; causal on
-//                 tensor cores, nt chunks) or 2 BH (the causal scans):
+//                       + 5 D dv upd
+//                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); serial steps pr
+//   param_reduce  (learned families only) with slots = 2 BH nt (non-causal), 2 BH R
+//                 (causal on tensor cores, R ranges) or 2 BH (the causal scans):
 //                 bytes = 4 P slots (read) + 4 P Hp (dparams written)
 //                 flops = P slots (one add per slot entry)
 //   J, the Jacobian-transpose of one row (jacobian_per_row in cost_model.cpp):

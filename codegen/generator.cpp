@@ -27,7 +27,7 @@ std::string_view pass_summary(const AttentionSpec& s, const TileConfig& c, Pass 
                       : "non-causal forward, state pass + output pass";
     case Pass::backward:
       if (s.causal && c.mma())
-        return "causal backward, chunk-parallel: chunk states and their prefix, dq, suffix, dk and dv";
+        return "causal backward, super-chunk walks: range states and their prefix, dq walks, suffix, dk and dv walks";
       return s.causal ? "causal backward: forward scan for dq, reverse scan for dk, dv"
                       : "non-causal backward: state, dstate, dq and dkv passes";
   }

@@ -94,7 +94,7 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
   if (causal_super_chunks(spec, config, pass))
     roles.insert(std::find(roles.begin(), roles.end(), "causal_chunk"), "state");
   if (causal_backward_tiles(spec, config, pass)) {
-    // Per-chunk states, their prefix, dq (+ the chunks' dS), the suffix, dk and dv.
+    // Per-range states, their prefix, the dq walks (+ the ranges' dS), the suffix, the dk and dv walks.
     auto at = std::find(roles.begin(), roles.end(), "causal_dq");
     at = roles.insert(at, {"state", "state_scan"}) + 3;
     roles.insert(at, "dstate_scan");
@@ -232,19 +232,16 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       const BackwardDims p = backward_dims(spec, c);
       const unsigned tiles = ceil_div(shape.seq, c.block_tokens());
       if (causal_backward_tiles(spec, c, pass)) {
-        // Chunk-parallel on tensor cores (linear_attention_backward_mma.cuh).
-        const unsigned chunks = ceil_div(shape.seq, c.chunk());
-        if (chunks > 65535)  // the state pass puts the chunks on grid y
-          return Error::invalid(fmt::format(
-              "seq = {}: the causal tensor-core backward ({}) runs one state block per chunk of {} tokens on "
-              "grid y, at most 65535 chunks (seq <= {}); use a larger chunk or \"mma\": false",
-              shape.seq, c.to_string(), c.chunk(), 65535LL * c.chunk()));
+        // Super-chunk walks on tensor cores (linear_attention_backward_mma.cuh):
+        // per-range states, their prefix, the dq walks (+ the ranges' dS), the
+        // suffix, the dk and dv walks.
+        const unsigned ranges = static_cast<unsigned>(c.state_splits());
         const unsigned entries = ceil_div(int64_t(p.D) * p.dv + p.D, c.threads());
-        add("state", {static_cast<unsigned>(bh), chunks, dv_blocks});
+        add("state", {static_cast<unsigned>(bh), ranges, dv_blocks});
         add("state_scan", {static_cast<unsigned>(bh), entries, 1});
-        add("causal_dq", {chunks, static_cast<unsigned>(bh), 1});
+        add("causal_dq", {ranges, static_cast<unsigned>(bh), 1});
         add("dstate_scan", {static_cast<unsigned>(bh), entries, 1});
-        add("causal_dkv", {chunks, static_cast<unsigned>(bh), 1});
+        add("causal_dkv", {ranges, static_cast<unsigned>(bh), 1});
       } else if (spec.causal) {
         add("causal_dq", {static_cast<unsigned>(bh), 1, 1});
         add("causal_dkv", {static_cast<unsigned>(bh), 1, 1});

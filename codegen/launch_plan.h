@@ -51,8 +51,9 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
 // Whether a config's causal forward walks its chunks in state_splits ranges
 // (mma_causal_chunk_kernel seeded with the earlier ranges' states).
 bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pass pass);
-// Whether a config's causal backward is the chunk-parallel one on tensor cores
-// (per-chunk states, state_scan / dstate_scan, grid (chunks, batch*heads)).
+// Whether a config's causal backward is the one on tensor cores: per-range
+// states of state_splits super-chunk ranges, state_scan / dstate_scan, and
+// chunk walks within each range, grid (ranges, batch*heads).
 bool causal_backward_tiles(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // The kernel template a role instantiates ("state_kernel"; the backward's

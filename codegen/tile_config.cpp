@@ -31,8 +31,8 @@ std::string list(const int (&choices)[N]) {
 
 // The tensor-core backward (templates/lunajit/linear_attention_backward_mma.cuh):
 // bf16 and fp16 specs (bf16 operands either way) but the causal performer; its kernels work over the whole dv
-// (dstate, dq, dkv) and over dv_block (the state pass, the forward's mma_state_block). The causal one is
-// chunk-parallel: its token tile is the chunk.
+// (dstate, dq, dkv) and over dv_block (the state pass, the forward's mma_state_block). The causal one
+// walks chunks within state_splits super-chunk ranges: its token tile is the chunk.
 Status can_implement_mma_backward(const AttentionSpec& spec, const TileConfig& c) {
   const std::string name = c.to_string();
   if (spec.causal && spec.family == Family::performer)
@@ -323,11 +323,12 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
           if (can_implement(spec, c, arch, pass)) return c;
         }
   }
-  // The causal backward of a bf16/fp16 spec (not the performer) runs
-  // chunk-parallel on tensor cores: one block per chunk, so small chunks
-  // (16 tokens: 85 KB of shared memory for the default LUNA spec, 2 blocks
-  // per SM) and 8 warps first. Predicted (docs/ARCHITECTURE.md, B 8, H 12,
-  // N 16384, H100): the scalar scans' 328 ms -> 25.7 ms.
+  // The causal backward of a bf16/fp16 spec (not the performer) runs on
+  // tensor cores, each block walking the chunks of one of 4 super-chunk
+  // ranges: small chunks (16 tokens: 111,536 bytes of shared memory for the
+  // default LUNA spec's causal_dq, 2 blocks per SM on sm_90) and 8 warps
+  // first. Predicted (docs/ARCHITECTURE.md, B 8, H 12, N 16384, H100): the
+  // scalar scans' 328 ms -> 5.93 ms.
   if (spec.causal && pass == Pass::backward && spec.dtype != DType::fp32 && spec.family != Family::performer)
     for (int dvb : dv_blocks)
       for (int chunk : {16, 32, 64})

@@ -210,8 +210,12 @@ struct MmaFeatureBackward<K, TK, true> {
             dw1[nj][c] = fmaf(da, u, dw1[nj][c]);
             db1[nj][c] += da;
           }
-          mma_detail::split_bf16x2(h[0], h[1], h_hi[(g * PH + j) / 2], h_lo[(g * PH + j) / 2]);
-          mma_detail::split_bf16x2(h[2], h[3], h_hi[((g + 8) * PH + j) / 2], h_lo[((g + 8) * PH + j) / 2]);
+          // Word (g * PH + j) / 2 as a lane base plus a constant (PH and j are
+          // even): the constant folds into the store's offset instead of
+          // costing a register per n-tile where the caller loops (the causal walks).
+          const int hw = g * (PH / 2) + t + 4 * nj;
+          mma_detail::split_bf16x2(h[0], h[1], h_hi[hw], h_lo[hw]);
+          mma_detail::split_bf16x2(h[2], h[3], h_hi[hw + 4 * PH], h_lo[hw + 4 * PH]);
         }
         du0 += __shfl_xor_sync(0xffffffffu, du0, 1);
         du0 += __shfl_xor_sync(0xffffffffu, du0, 2);

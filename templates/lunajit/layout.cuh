@@ -125,6 +125,22 @@ LUNAJIT_HOST_DEVICE constexpr int sole_block_min_blocks(long long bytes) {
 #endif
 }
 
+// The minBlocksPerMultiprocessor of the tensor-core causal backward's walks
+// (mma_causal_dq_kernel, mma_causal_dkv_kernel): 2 when their shared memory
+// lets two blocks share an SM (the default C16 tiles on sm_90), else 1. Left
+// to itself, ptxas gives the walks 255 registers (one block of 8 warps per SM,
+// half of what hides the mma and ldmatrix latencies by the cost model); at 2
+// it fits them in 128 without spilling (tests/runtime_nvrtc check spills).
+LUNAJIT_HOST_DEVICE constexpr int walk_min_blocks(long long bytes) {
+#if defined(__CUDA_ARCH__)
+  return blocks_by_smem(bytes, arch_smem_per_sm(__CUDA_ARCH__), arch_smem_reserved_per_block(__CUDA_ARCH__)) >= 2 ? 2
+                                                                                                                 : 1;
+#else
+  (void)bytes;
+  return 0;
+#endif
+}
+
 // Registers of the state pass's per-thread S accumulators: each thread owns
 // ceil(D * dv_block / threads) entries of the block's (D, dv_block) partial.
 LUNAJIT_HOST_DEVICE constexpr int state_entries_per_thread(int D, int dv_block, int threads) {
@@ -339,11 +355,17 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
 //   dq:     a_h, a_lo = g, s_h, s_lo (D, dv + 8) = 2^-a S, reduce (one float per warp)
 //   dkv:    phi_h, phi_lo = phi(k), a_h = v (exact), s_h, s_lo = 2^-a dS, reduce
 //   causal_dq:  as dq, plus phi_h, phi_lo = phi(q) and r_h, r_lo = r (the
-//               chunk's [dS | dz] partial, Phi_q^T [G | r], fused into it)
+//               chunk's [dS | dz] += Phi_q^T [G | r], fused into it) and dsum
+//               (D * dv + D fp32: the range's [dS | dz], summed chunk by chunk);
+//               the walk's state update S += Phi_k^T [V | 1] reuses phi_h,
+//               phi_lo (phi(k)) and a_h, a_lo (V)
 //   causal_dkv: as dkv (over the causal kernels' tiles: phi(q), phi(k), the
-//               C x C scores)
+//               C x C scores), plus a_lo and r_h, r_lo: the walk's update
+//               dS += Phi_q^T [G | r] reuses phi_h, phi_lo (phi(q)), a_h, a_lo (g)
 struct BackwardMmaSmem {
   BackwardSmem base;
+  int dsum;  // causal_dq: the range's [dS | dz] (fp32), outside the J^T's staging
+  int walk;  // causal_dq, causal_dkv: the walk's next chunk (int) and unscale (float), 4 floats
   int phi_h, phi_lo, a_h, a_lo, s_h, s_lo, r_h, r_lo, reduce;  // floats
   int jt;     // the tensor-core J^T's staging (dq, dkv), over the 16-bit tiles, dead by then
   int total;
@@ -351,15 +373,18 @@ struct BackwardMmaSmem {
 };
 
 LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardKind kind, BackwardDims p) {
-  BackwardMmaSmem l{backward_smem_layout(kind, p), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  BackwardMmaSmem l{backward_smem_layout(kind, p), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const int t = p.tokens;
+  const bool causal = kind == BackwardKind::causal_dq || kind == BackwardKind::causal_dkv;
   const bool keys = kind == BackwardKind::dkv || kind == BackwardKind::causal_dkv;
   const bool queries = kind == BackwardKind::dq || kind == BackwardKind::causal_dq;
   const bool phi = kind == BackwardKind::dstate || keys || kind == BackwardKind::causal_dq;
   const bool state = queries || keys;
-  const bool g = kind == BackwardKind::dstate || queries;
-  const bool r = kind == BackwardKind::dstate || kind == BackwardKind::causal_dq;
+  const bool g = kind == BackwardKind::dstate || queries || causal;
+  const bool r = kind == BackwardKind::dstate || causal;
   int off = l.base.total;
+  l.dsum = off;   off = align4(off + (kind == BackwardKind::causal_dq ? p.D * p.dv + p.D : 0));
+  l.walk = off;   off = align4(off + (causal ? 4 : 0));
   l.phi_h = off;  off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
   l.phi_lo = off; off = align4(off + (phi ? (t * mma_row_halves(p.D) + 1) / 2 : 0));
   l.a_h = off;    off = align4(off + (t * mma_row_halves(p.dv) + 1) / 2);
@@ -389,17 +414,19 @@ LUNAJIT_HOST_DEVICE constexpr int luna_jt_stage_floats(int tokens, int d, int D,
 }
 
 // Blocks that write a partial parameter gradient: per (batch, head), one per
-// query tile and one per key tile (non-causal and the chunk-parallel causal
-// backward on tensor cores), or one query and one key block (the causal scans).
+// query tile and one per key tile (non-causal), one query and one key block
+// per super-chunk range (causal_tiles: the tensor-core causal backward's
+// walks, `splits` ranges), or one query and one key block (the causal scans).
 LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq, bool causal, int tokens,
-                                                      bool causal_tiles = false) {
-  return causal && !causal_tiles ? 2LL * batch_heads : 2LL * batch_heads * ((seq + tokens - 1) / tokens);
+                                                      bool causal_tiles = false, int splits = 1) {
+  if (causal_tiles) return 2LL * batch_heads * splits;
+  return causal ? 2LL * batch_heads : 2LL * batch_heads * ((seq + tokens - 1) / tokens);
 }
 
 // Workspace of the backward pass (floats): key stabiliser, state partials and
-// their gradients (non-causal: one per split; the chunk-parallel causal
-// backward, causal_tiles: one per chunk, turned into the exclusive prefix
-// S_<c and, in the same array, the suffix dS_>c in place), per-token denominators (causal), per-token
+// their gradients (non-causal: one per split; the tensor-core causal backward,
+// causal_tiles: one per super-chunk range, turned into the exclusive prefix
+// S_<r and, in the same array, the suffix dS_>r in place), per-token denominators (causal), per-token
 // r_i = -(dO_i . o_i) / den_i (written by the dq kernel from its fp32 products, read by
 // the dstate or dkv kernel: docs/MATH.md §1 "r from the backward's own state"), per-token
 // running key maxima M_i (causal performer), and one partial parameter
@@ -413,21 +440,21 @@ LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_hea
                                                                   int param_floats, bool running_max = false,
                                                                   bool causal_tiles = false) {
   BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0, 0};
-  const int parts = causal_tiles ? (seq + tokens - 1) / tokens : splits;
+  const int parts = splits;
   const bool states = !causal || causal_tiles;
   const long long part = (long long)batch_heads * parts * ((long long)D * dv + D);
   w.stab = 0;
   w.state = (batch_heads + 3) / 4 * 4;
-  // The chunk-parallel causal backward keeps one array: its dq kernel's
-  // block c reads the prefix S_<c of slot c, then writes the chunk's (dS_c,
-  // dz_c) over it (no other block touches slot c), and the suffix scan and
-  // the dkv kernel work on that.
+  // The tensor-core causal backward keeps one array: its dq kernel's block
+  // r reads the prefix S_<r of slot r, then writes its range's (dS_r, dz_r)
+  // over it (no other block touches slot r), and the suffix scan and the dkv
+  // kernel work on that.
   w.dstate = w.state + (states && !causal_tiles ? part : 0);
   w.den = w.dstate + (states ? part : 0);
   w.r = w.den + (causal ? (long long)batch_heads * seq : 0);
   w.kmax = w.r + (long long)batch_heads * seq;
   w.slots = w.kmax + (causal && running_max ? (long long)batch_heads * seq : 0);
-  w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens, causal_tiles) * (long long)param_floats;
+  w.total = w.slots + backward_slots(batch_heads, seq, causal, tokens, causal_tiles, splits) * (long long)param_floats;
   return w;
 }
 

@@ -35,8 +35,9 @@ struct BackwardTraits {
   static constexpr int kTokens = K::causal ? K::chunk : K::block_tokens;
   static constexpr int kParamFloats = kLearned ? K::param_floats : 0;
   static constexpr bool kRunningMax = K::performer && K::causal;  // per-row key stabiliser
-  // The chunk-parallel causal backward on tensor cores (linear_attention_backward_mma.cuh):
-  // per-chunk state partials scanned in place, one parameter slot per chunk.
+  // The causal backward on tensor cores (linear_attention_backward_mma.cuh):
+  // per-range state partials (K::state_splits super-chunk ranges) scanned in
+  // place, chunk walks within each range, one parameter slot per range and side.
   static constexpr bool kCausalTiles = K::causal && K::mma;
   static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
     return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
@@ -814,18 +815,18 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_sme
     write_slot<K>(dparams, a.workspace + w.slots + (long long)(bh_count + bh) * Tr::kParamFloats);
 }
 
-// The chunk-parallel causal backward (Tr::kCausalTiles): the per-chunk
-// partials [chunks][D*dv + D] of one (batch, head), written by the state pass
-// (S_c, z_c) or the causal dq kernel (dS_c, dz_c), become in place the
-// exclusive prefix S_<c = S_0 + sum_{c' < c} S_c' (S_0 the carried initial
-// state, else 0) or suffix dS_>c = dS_T + sum_{c' > c} dS_c' (dS_T the
-// upstream gradient of the final state, else 0). Each thread walks its
-// entries' chunks in order: fixed-order fp32 sums, as the scalar scans.
-// The suffix scan also writes dS_>=0, the gradient of the initial state.
-// Grid (batch*heads, ceil((D*dv + D) / threads)).
+// The tensor-core causal backward (Tr::kCausalTiles): the per-range
+// partials [ranges][D*dv + D] of one (batch, head) (K::state_splits
+// super-chunk ranges), written by the state pass (S_r, z_r) or the causal dq
+// kernel (dS_r, dz_r), become in place the exclusive prefix S_<r = S_0 +
+// sum_{r' < r} S_r' (S_0 the carried initial state, else 0) or suffix dS_>r =
+// dS_T + sum_{r' > r} dS_r' (dS_T the upstream gradient of the final state,
+// else 0). Each thread walks its entries' ranges in order: fixed-order fp32
+// sums, as the scalar scans. The suffix scan also writes dS_>=0, the
+// gradient of the initial state. Grid (batch*heads, ceil((D*dv + D) / threads)).
 template <class K, bool kReverse>
 LUNAJIT_DEVICE void causal_state_scan(const float* seed_S, const float* seed_z, float* out_S, float* out_z,
-                                      float* parts, int bh, int chunks) {
+                                      float* parts, int bh, int ranges) {
   constexpr long long kPart = (long long)K::D * K::dv + K::D;
   const int e = blockIdx.y * K::threads + threadIdx.x;
   if (e >= kPart) return;
@@ -833,21 +834,21 @@ LUNAJIT_DEVICE void causal_state_scan(const float* seed_S, const float* seed_z, 
   const float* seed = in_S ? seed_S : seed_z;
   const long long at = in_S ? (long long)bh * K::D * K::dv + e : (long long)bh * K::D + (e - K::D * K::dv);
   float run = seed != nullptr ? seed[at] : 0.0f;
-  float* col = parts + (long long)bh * chunks * kPart + e;
+  float* col = parts + (long long)bh * ranges * kPart + e;
   // kBatch loads in flight before their stores: the walk waits on memory
-  // ceil(chunks / kBatch) times, not chunks times (the sums stay in order).
+  // ceil(ranges / kBatch) times, not ranges times (the sums stay in order).
   constexpr int kBatch = 8;
-  for (int i0 = 0; i0 < chunks; i0 += kBatch) {
+  for (int i0 = 0; i0 < ranges; i0 += kBatch) {
     float x[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u, c = kReverse ? chunks - 1 - i : i;
-      x[u] = i < chunks ? col[(long long)c * kPart] : 0.0f;
+      const int i = i0 + u, c = kReverse ? ranges - 1 - i : i;
+      x[u] = i < ranges ? col[(long long)c * kPart] : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u, c = kReverse ? chunks - 1 - i : i;
-      if (i < chunks) {
+      const int i = i0 + u, c = kReverse ? ranges - 1 - i : i;
+      if (i < ranges) {
         col[(long long)c * kPart] = run;
         run += x[u];
       }
@@ -861,9 +862,8 @@ template <class K>
 __global__ void __launch_bounds__(K::threads) state_scan_kernel(const BackwardArgs a) {
   if constexpr (BackwardTraits<K>::kCausalTiles) {
     const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
-    const int chunks = (a.problem.seq + K::chunk - 1) / K::chunk;
     causal_state_scan<K, false>(a.initial_S, a.initial_z, nullptr, nullptr, a.workspace + w.state, blockIdx.x,
-                                chunks);
+                                K::state_splits);
   }
 }
 
@@ -871,9 +871,8 @@ template <class K>
 __global__ void __launch_bounds__(K::threads) dstate_scan_kernel(const BackwardArgs a) {
   if constexpr (BackwardTraits<K>::kCausalTiles) {
     const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
-    const int chunks = (a.problem.seq + K::chunk - 1) / K::chunk;
     causal_state_scan<K, true>(a.dfinal_S, a.dfinal_z, a.dinitial_S, a.dinitial_z, a.workspace + w.dstate,
-                               blockIdx.x, chunks);
+                               blockIdx.x, K::state_splits);
   }
 }
 
@@ -895,7 +894,11 @@ __global__ void __launch_bounds__(K::threads) param_reduce_kernel(const Backward
     const int p = blockIdx.x * 32 + lane;
     const BackwardWorkspace w = Tr::workspace(a.problem);
     const int heads = a.problem.heads, batch = a.problem.batch, bh_count = batch * heads;
-    const long long tiles = K::causal && !Tr::kCausalTiles ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
+    // Slots per (side, batch, head): one per tile (non-causal), one per range
+    // (the tensor-core causal walks), one (the causal scans).
+    const long long tiles = Tr::kCausalTiles ? K::state_splits
+                            : K::causal      ? 1
+                                             : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
     const int hb = blockIdx.y;
     const int heads_summed = K::params_per_head ? 1 : heads;  // per-head parameters: head hb's slots only
     const long long n = 2LL * batch * heads_summed * tiles;

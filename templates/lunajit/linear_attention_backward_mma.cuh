@@ -82,28 +82,14 @@ LUNAJIT_DEVICE void split_dstate_products(float (*acc)[NPW][4], float (*zacc)[4]
   state_tile_products<T, WM, MPW, NPW, Tk, PD, PV>(acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, WordsColumn{r_hi});
 }
 
-// Sums the split partials [D * dv | D] of one (batch, head) in split order
-// into S (D, dv) and z (D) fp32, stages 2^-a S as bf16 hi + lo tiles (D, P)
-// with a the exponent of max |S| over the block (red: one float per warp), and
-// returns 2^a (the unscale). Ends with a barrier; the tiles and z are visible
-// to every thread.
-template <int NT, int D, int DV, int SPLITS, int P>
-LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, unsigned* s_hi, unsigned* s_lo,
-                                        float* red) {
-  constexpr long long kPart = (long long)D * DV + D;
+// Stages 2^-a S (S: (D, dv) fp32) as bf16 hi + lo tiles (D, P), with a the
+// exponent of max |S| over the block (red: one float per warp), and returns
+// 2^a (the unscale). Ends with a barrier; the tiles are visible to every thread.
+template <int NT, int D, int DV, int P>
+LUNAJIT_DEVICE float scale_state(const float* S, unsigned* s_hi, unsigned* s_lo, float* red) {
   constexpr int NW = NT / 32;
   float smax = 0.0f;
-  for (int e = threadIdx.x; e < D * DV; e += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + e];
-    S[e] = s;
-    smax = fmaxf(smax, fabsf(s));
-  }
-  for (int f = threadIdx.x; f < D; f += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + D * DV + f];
-    z[f] = s;
-  }
+  for (int e = threadIdx.x; e < D * DV; e += NT) smax = fmaxf(smax, fabsf(S[e]));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = smax;
@@ -118,6 +104,27 @@ LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, 
   }
   __syncthreads();
   return 1.0f / scale;  // a power of two: exact
+}
+
+// Sums the split partials [D * dv | D] of one (batch, head) in split order
+// into S (D, dv) and z (D) fp32 and stages S as scale_state does. Ends with
+// a barrier; the tiles and z are visible to every thread.
+template <int NT, int D, int DV, int SPLITS, int P>
+LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, unsigned* s_hi, unsigned* s_lo,
+                                        float* red) {
+  constexpr long long kPart = (long long)D * DV + D;
+  for (int e = threadIdx.x; e < D * DV; e += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + e];
+    S[e] = s;
+  }
+  for (int f = threadIdx.x; f < D; f += NT) {
+    float s = 0.0f;
+    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + D * DV + f];
+    z[f] = s;
+  }
+  // No barrier: scale_state reads each entry of S from the thread that wrote it.
+  return scale_state<NT, D, DV, P>(S, s_hi, s_lo, red);
 }
 
 // The feature map of the tensor-core backward for query_tile_gradients:
@@ -172,8 +179,8 @@ __global__ void __launch_bounds__(K::threads) mma_backward_state_kernel(const Ba
   const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
   const SeqSpan sp = sequence_span(args.cu_seqlens, blockIdx.x / args.problem.heads, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
-  // Causal: one partial per chunk (grid y = chunks), scanned into S_<c by state_scan_kernel.
-  mma_state_block<K, BackwardMmaTraits<K>::Tk, /*kSplitPhi=*/true, /*kTiles=*/K::causal>(
+  // Causal: one partial per super-chunk range (chunk tiles), scanned into S_<r by state_scan_kernel.
+  mma_state_block<K, BackwardMmaTraits<K>::Tk, /*kSplitPhi=*/true>(
       Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params,
       K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
 }
@@ -402,33 +409,44 @@ __global__ void __launch_bounds__(K::threads,
 }
 
 // ------------------------------------------------------------------ causal
-// The causal backward on tensor cores, chunk-parallel (docs/MATH.md "Tensor-core
-// causal backward"): every chunk of C = K::chunk tokens is a block of its own,
-// grid (chunks, batch*heads), seeded with the exclusive prefix S_<c, z_<c (for
-// dq) or suffix dS_>c, dz_>c (for dk, dv) of the per-chunk states:
-//   mma_backward_state_kernel  (S_c, z_c) per chunk (kTiles), grid (bh, chunks, dv blocks)
-//   state_scan_kernel          -> S_<c (+ the carried initial state) in place
-//   mma_causal_dq_kernel       den, g; dphi(q) = 2^a G S~_<c^T + r z_<c^T + sum_{j<=i in c} B_ij phi(k_j)
-//                              with r from the rest (causal_query_r; den and r kept for dkv);
-//                              the chunk's (dS_c, dz_c) = Phi_q^T [G | r] on mma
-//   dstate_scan_kernel         -> dS_>c (+ dS_T) in place; writes dS_>=0
-//   mma_causal_dkv_kernel      dphi(k) = 2^a V dS~_>c^T + dz_>c + sum_{i>=j in c} B_ij phi(q_i),
-//                              dv = 2^a Phi_k dS~_>c + sum_{i>=j in c} A_ij g_i
-// with A_ij = phi(q_i) . phi(k_j), B_ij = v_j . g_i + r_i as the scalar scans.
-// The inter-chunk products are the non-causal dq/dkv products (bf16 hi + lo
-// splits, fp32 accumulation); the intra-chunk C x C terms stay fp32 on CUDA
-// cores, added in the products' epilogues. Fixed-order sums everywhere: the
-// gradients are bitwise deterministic. Not the causal performer (its running
-// key stabiliser; can_implement).
-// What both chunk-parallel causal kernels set up first, for block (chunk,
-// batch*head) of kernel `kind`: the block's indices and its (packed) sequence
-// span, the shared tiles both use, the parameter-gradient accumulator zeroed,
-// and the scanned chunk state staged (the prefix S_<c, z_<c for causal_dq, the
-// suffix dS_>c, dz_>c for causal_dkv) as 2^-a-scaled bf16 hi + lo tiles, with
-// the fp32 z or dz in the z tile. A chunk past the end of a shorter packed
-// sequence has valid = 0 but still writes its (zero) partial and slot.
+// The causal backward on tensor cores (docs/MATH.md "Tensor-core causal
+// backward"): the sequence of each (batch, head) splits into R =
+// K::state_splits super-chunk ranges of whole chunks (split_range, as the
+// forward's walk); a block takes one range and walks its chunks of C =
+// K::chunk tokens, seeded with the exclusive prefix S_<r, z_<r (dq, walking
+// forward) or suffix dS_>r, dz_>r (dk, dv, walking backward) of the per-range
+// states, and carries the fp32 state in shared memory from chunk to chunk:
+//   mma_backward_state_kernel  (S_r, z_r) per range (chunk tiles), grid (bh, R, dv blocks)
+//   state_scan_kernel          -> S_<r (+ the carried initial state) in place
+//   mma_causal_dq_kernel       per chunk c: den, g; dphi(q) = 2^a G S~_<c^T + r z_<c^T
+//                              + sum_{j<=i in c} B_ij phi(k_j), r from the rest
+//                              (causal_query_r; den and r kept for dkv); the range's
+//                              [dS_r | dz_r] += Phi_q^T [G | r]; then S += Phi_k^T [V | 1]
+//   dstate_scan_kernel         -> dS_>r (+ dS_T) in place; writes dS_>=0
+//   mma_causal_dkv_kernel      per chunk c, last first: dphi(k) = 2^a V dS~_>c^T + dz_>c
+//                              + sum_{i>=j in c} B_ij phi(q_i), dv = 2^a Phi_k dS~_>c
+//                              + sum_{i>=j in c} A_ij g_i; then dS += Phi_q^T [G | r]
+// grid (R, batch*heads) for both walks, with A_ij = phi(q_i) . phi(k_j),
+// B_ij = v_j . g_i + r_i as the scalar scans. The inter-chunk products and the
+// walks' state updates are bf16 hi + lo split products with fp32 accumulation;
+// the state is restaged as 2^-a-scaled hi + lo tiles after every update; the
+// intra-chunk C x C terms stay fp32 on CUDA cores, added in the products'
+// epilogues. Fixed-order sums everywhere: the gradients are bitwise
+// deterministic. Not the causal performer (its running key stabiliser;
+// can_implement). (Until this walk, every chunk was a block of its own and
+// read its prefix from a per-chunk state array: D (dv + 1) floats a chunk
+// written and read four times, most of the predicted time; MATH.md.)
+//
+// What both causal walks set up first, for block (range, batch*head) of
+// kernel `kind`: the block's indices, its (packed) sequence span and its
+// range of chunks, the shared tiles both use, the parameter-gradient
+// accumulator zeroed, and the scanned range state staged (the prefix S_<r,
+// z_<r for causal_dq, the suffix dS_>r, dz_>r for causal_dkv): fp32 in the
+// state and z tiles (the walk's master copy) and as 2^-a-scaled bf16 hi + lo
+// tiles. A range past the end of a shorter packed sequence is empty but still
+// writes its (zero) partial and slots.
 template <class K, BackwardKind kKind>
-struct CausalChunkBlock {
+struct CausalRangeBlock {
   using Tr = BackwardTraits<K>;
   using M = BackwardMmaTraits<K>;
   static constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PV = M::PV;
@@ -436,32 +454,40 @@ struct CausalChunkBlock {
   static constexpr long long kPart = (long long)D * DV + D;
   static constexpr BackwardMmaSmem LM = M::layout(kKind);
   static constexpr BackwardSmem L = LM.base;
-  static_assert(Tr::kCausalTiles, "the chunk-parallel causal backward");
+  static_assert(Tr::kCausalTiles, "the tensor-core causal backward");
   static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(C), "phi's x copy fits in dphi");
+  static_assert(L.z == L.state + D * DV, "[S | z] contiguous: the walk's updates add a [D * dv | D] partial");
   float* smem;
   BackwardWorkspace w;
-  int chunk, chunks, bh, b, h;
-  BackwardArgs a;
+  int split, bh, b, h;
+  // The tensors' (batch, token) coordinates: (b, t) unpacked, (0, off + t) for
+  // packed sequences (sequence_args' views, recomputed per access: the kernels
+  // read the tensors from the kernel parameters, so that their pointers and
+  // strides need no registers across the walk).
+  int bt, off;
   long long ws_seq;  // per-token workspace rows: the longest length
-  int seq, t0, valid;
+  long long slot;    // (batch*head, range): the state partial and parameter slot index
+  int seq;
+  TokenRange range;
   float *z, *phi_q, *phi_k, *v, *g, *A, *B, *den, *r, *dphi, *dparams;
   unsigned* x_words;  // the maps' bf16 copy of x: the dphi tile, free until the epilogues
   const float* params;
   float unscale;
 
-  LUNAJIT_DEVICE explicit CausalChunkBlock(const BackwardArgs& args)
+  // stage = false: the coordinates and tiles only (a chunk of the walk).
+  LUNAJIT_DEVICE explicit CausalRangeBlock(const BackwardArgs& args, bool stage = true)
       : smem(reinterpret_cast<float*>(dynamic_smem())), w(Tr::workspace(args.problem)) {
-    chunk = blockIdx.x;
-    chunks = gridDim.x;
+    split = blockIdx.x;
     bh = blockIdx.y;
     b = bh / args.problem.heads;
     h = bh % args.problem.heads;
     const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
-    a = sequence_args<K>(args, sp);
+    bt = args.cu_seqlens != nullptr ? 0 : b;
+    off = (int)sp.offset;
     ws_seq = args.problem.seq;
+    slot = (long long)bh * K::state_splits + split;
     seq = sp.len;
-    t0 = chunk * C;
-    valid = max(0, min(C, seq - t0));
+    range = split_range<K>(seq, split, C);
     z = smem + L.z;
     phi_q = smem + L.phi_q;
     phi_k = smem + L.phi_k;
@@ -474,50 +500,83 @@ struct CausalChunkBlock {
     dphi = smem + L.dphi;
     dparams = smem + L.dparams;
     x_words = reinterpret_cast<unsigned*>(dphi);
-    params = KernelTraits<K>::head_params(a.params, h);
+    params = KernelTraits<K>::head_params(args.params, h);
+    unscale = 1.0f;
+    if (!stage) return;
     for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
     const long long state = kKind == BackwardKind::causal_dq ? w.state : w.dstate;
     unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
-        a.workspace + state + ((long long)bh * chunks + chunk) * kPart, smem + L.state, z,
-        reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+        args.workspace + state + slot * kPart, smem + L.state, z, reinterpret_cast<unsigned*>(smem + LM.s_h),
+        reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  }
+
+  // After a walk update of the fp32 state: its 2^-a-scaled hi + lo tiles
+  // again (the J^T's staging overlays them). Ends with a barrier.
+  LUNAJIT_DEVICE void restage() {
+    unscale = mma_detail::scale_state<NT, D, DV, PV>(smem + L.state, reinterpret_cast<unsigned*>(smem + LM.s_h),
+                                                     reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
   }
 };
 
+// One chunk of the walk, not inlined into it: the block's walk state (next
+// chunk, the state's unscale) comes from shared memory, so that nothing of
+// the kernel's lives across the call, and returns false after the range's
+// last chunk (having written the block's partials). Inlined into the walk's
+// loop, the compiler hoisted the chunk's lane-dependent addresses out of the
+// loop and ptxas spilled 156 bytes at the 128 registers that keep two blocks
+// of 8 warps per SM on sm_90; a call keeps the chunk's registers its own.
 template <class K>
-__global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
-                                                  BackwardMmaTraits<K>::layout(BackwardKind::causal_dq).bytes()))
-    mma_causal_dq_kernel(const BackwardArgs args) {
+__device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   using Tr = BackwardTraits<K>;
   using M = BackwardMmaTraits<K>;
   using T = typename K::T;
   using Op = typename M::Op;
-  using CB = CausalChunkBlock<K, BackwardKind::causal_dq>;
+  using CB = CausalRangeBlock<K, BackwardKind::causal_dq>;
   constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
   constexpr MmaWarpTiling W = M::kRowsByD, WS = M::kDstate;
   constexpr BackwardMmaSmem LM = CB::LM;
   constexpr BackwardSmem L = CB::L;
   constexpr long long kPart = CB::kPart;
-  const CB cb(args);
+  CB cb(args, /*stage=*/false);
   float* const smem = cb.smem;
   const BackwardWorkspace& w = cb.w;
-  const BackwardArgs& a = cb.a;
-  const int chunk = cb.chunk, chunks = cb.chunks, bh = cb.bh, b = cb.b, h = cb.h;
+  const BackwardArgs& a = args;
+  const int bh = cb.bh, b = cb.bt, h = cb.h, off = cb.off;
   const long long ws_seq = cb.ws_seq;
-  const int seq = cb.seq, t0 = cb.t0, valid = cb.valid;
+  const int seq = cb.seq;
   float *const z = cb.z, *const phi_q = cb.phi_q, *const phi_k = cb.phi_k, *const v = cb.v, *const g = cb.g;
   float *const A = cb.A, *const B = cb.B, *const den = cb.den, *const r = cb.r, *const dphi = cb.dphi;
   float* const dparams = cb.dparams;
   unsigned* const x_words = cb.x_words;
+  float* const dsum = smem + LM.dsum;  // the range's [dS | dz], fp32
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned* const phi_hw = reinterpret_cast<unsigned*>(smem + LM.phi_h);
+  unsigned* const phi_lw = reinterpret_cast<unsigned*>(smem + LM.phi_lo);
+  unsigned* const a_hw = reinterpret_cast<unsigned*>(smem + LM.a_h);
+  unsigned* const a_lw = reinterpret_cast<unsigned*>(smem + LM.a_lo);
+  unsigned* const r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
+  unsigned* const r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
+  const Op* const g_hi = reinterpret_cast<const Op*>(smem + LM.a_h);  // g, then V (the update)
+  const Op* const g_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
+  const Op* const s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
+  const Op* const s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
+  const Op* const phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);  // phi(q), then phi(k) (the update)
+  const Op* const phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
+  const int wm = warp % WS.warps_m, wn = warp / WS.warps_m;
+  const bool with_z = wn == 0;  // warp-uniform: the z / dz tile
+  float* const walk = smem + LM.walk;  // [next chunk (int), unscale]
+  const int t0 = reinterpret_cast<const int*>(walk)[0];
+  const float unscale = walk[1];
+  const int valid = min(C, cb.range.end - t0);
   const float* const params = cb.params;
-  const float unscale = cb.unscale;
-  load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+  load_rows<T, NT>(a.k, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
   backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C,
                            FeatureContext{params, t0, seq, 0, 0.0f});
   const FeatureContext ctx{params, t0, seq, 1, 0.0f};
-  load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
+  load_rows<T, NT>(a.q, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
   __syncthreads();
   backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
   for (int e = threadIdx.x; e < valid * valid; e += NT) {
@@ -544,18 +603,9 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     const int i = e / valid, j = e - i * valid;
     B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) : 0.0f;
   }
-  unsigned* r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
-  unsigned* r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
-  mma_detail::split_rows<NT, DV, PV>(g, reinterpret_cast<unsigned*>(smem + LM.a_h),
-                                     reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, C);
-  mma_detail::split_rows<NT, D, PD>(phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
-                                    reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, C);
+  mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
+  mma_detail::split_rows<NT, D, PD>(phi_q, phi_hw, phi_lw, valid, C);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const Op* g_hi = reinterpret_cast<const Op*>(smem + LM.a_h);
-  const Op* g_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
-  const Op* s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
-  const Op* s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
   {  // dphi(q): inter-chunk on mma (as mma_dq_kernel), intra-chunk fp32 in the epilogue
     const Op* const as[3] = {g_hi, g_hi, g_lo};
     const Op* const bs[3] = {s_hi, s_lo, s_hi};
@@ -578,64 +628,144 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
   }
   __syncthreads();
-  {  // The chunk's [dS_c | dz_c] = Phi_q^T [G | r], hi + lo as mma_dstate_kernel,
-     // written over this block's own prefix slot (w.dstate == w.state here:
-     // read by stage_scaled_state above, behind its barrier; no other block reads slot c).
-    const int wm = warp % WS.warps_m, wn = warp / WS.warps_m;
-    const bool with_z = wn == 0;  // warp-uniform: the dz tile
+  {  // The range's [dS_r | dz_r] += Phi_q^T [G | r], hi + lo as mma_dstate_kernel;
+     // each entry added by its owner lane, chunk after chunk (fixed order).
     float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
     float zacc[WS.m_tiles_per_warp][4];
     mma_detail::zero_state_accumulators(acc, zacc);
-    const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);
-    const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
     mma_detail::split_dstate_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
         acc, zacc, phi_hi, phi_lo, g_hi, g_lo, r_hi, r_lo, wm, wn, with_z, lane);
-    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp>(
-        acc, zacc, a.workspace + w.dstate + ((long long)bh * chunks + chunk) * kPart, D, DV, 0, wm, wn, with_z, lane);
+    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, /*kAdd=*/true>(
+        acc, zacc, dsum, D, DV, 0, wm, wn, with_z, lane);
   }
   __syncthreads();
   M::FMB::template backward<NT>(smem + L.x, phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
                                 smem + L.dx, dparams, smem + LM.jt);
-  store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, t0);
-  if constexpr (Tr::kLearned)
-    write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh * chunks + chunk) * Tr::kParamFloats);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, off + t0);
+  if (t0 + C < cb.range.end) {  // block-uniform: S_<c+1 = S_<c + Phi_k^T [V | 1] for the next chunk
+    __syncthreads();  // the J^T's staging (over phi_h ...) is free
+    mma_detail::split_rows<NT, D, PD>(phi_k, phi_hw, phi_lw, valid, C);
+    if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
+      mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
+    else
+      mma_detail::round_rows<T, NT, DV, PV>(v, a_hw, valid, C);  // exact
+    __syncthreads();
+    float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
+    float zacc[WS.m_tiles_per_warp][4];
+    mma_detail::zero_state_accumulators(acc, zacc);
+    const unsigned ones = mma_detail::pack2<Op>(1.0f, 1.0f);
+    // As the state pass: Phi_hi^T [V | 1] + Phi_lo^T [V | 1] (+ Phi_hi^T V_lo, fp16 I/O).
+    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_hi, g_hi, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
+    mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_lo, g_hi, wm, wn, with_z, lane, mma_detail::OnesColumn{ones});
+    if constexpr (M::kSplitV)
+      mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+          acc, zacc, phi_hi, g_lo, wm, wn, /*with_z=*/false, lane, mma_detail::OnesColumn{ones});
+    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, /*kAdd=*/true>(
+        acc, zacc, smem + L.state, D, DV, 0, wm, wn, with_z, lane);
+    __syncthreads();
+    cb.restage();
+    if (threadIdx.x == 0) {
+      reinterpret_cast<int*>(walk)[0] = t0 + C;
+      walk[1] = cb.unscale;
+    }
+    __syncthreads();  // the next chunk reads the walk state
+    return true;
+  }
+  __syncthreads();
+  // The range's [dS_r | dz_r] over its own prefix slot (w.dstate == w.state:
+  // read by the constructor, behind its barrier; no other block reads slot r).
+  float* const part = a.workspace + w.dstate + cb.slot * kPart;
+  for (int e = threadIdx.x; e < kPart; e += NT) part[e] = dsum[e];
+  if constexpr (Tr::kLearned) write_slot<K>(dparams, a.workspace + w.slots + cb.slot * Tr::kParamFloats);
+  return false;
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
-                                                  BackwardMmaTraits<K>::layout(BackwardKind::causal_dkv).bytes()))
-    mma_causal_dkv_kernel(const BackwardArgs args) {
+__global__ void __launch_bounds__(K::threads, walk_min_blocks(
+                                                  BackwardMmaTraits<K>::layout(BackwardKind::causal_dq).bytes()))
+    mma_causal_dq_kernel(const __grid_constant__ BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using CB = CausalRangeBlock<K, BackwardKind::causal_dq>;
+  constexpr long long kPart = CB::kPart;
+  const CB cb(args);
+  float* const dsum = cb.smem + CB::LM.dsum;  // the range's [dS | dz], fp32
+  for (int e = threadIdx.x; e < kPart; e += K::threads) dsum[e] = 0.0f;
+  if (cb.range.begin >= cb.range.end) {  // an empty range: its zero partial and slot
+    float* const part = args.workspace + cb.w.dstate + cb.slot * kPart;
+    for (int e = threadIdx.x; e < kPart; e += K::threads) part[e] = 0.0f;
+    if constexpr (Tr::kLearned) write_slot<K>(cb.dparams, args.workspace + cb.w.slots + cb.slot * Tr::kParamFloats);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    reinterpret_cast<int*>(cb.smem + CB::LM.walk)[0] = cb.range.begin;
+    cb.smem[CB::LM.walk + 1] = cb.unscale;
+  }
+  __syncthreads();  // dsum and the walk state
+  while (mma_causal_dq_chunk<K>(args)) {
+  }
+}
+
+// One chunk of the walk, not inlined into it: the block's walk state (next
+// chunk, the state's unscale) comes from shared memory, so that nothing of
+// the kernel's lives across the call, and returns false after the range's
+// last chunk (having written the block's partials). Inlined into the walk's
+// loop, the compiler hoisted the chunk's lane-dependent addresses out of the
+// loop and ptxas spilled 156 bytes at the 128 registers that keep two blocks
+// of 8 warps per SM on sm_90; a call keeps the chunk's registers its own.
+template <class K>
+__device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   using Tr = BackwardTraits<K>;
   using M = BackwardMmaTraits<K>;
   using T = typename K::T;
   using Op = typename M::Op;
-  using CB = CausalChunkBlock<K, BackwardKind::causal_dkv>;
+  using CB = CausalRangeBlock<K, BackwardKind::causal_dkv>;
   constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
-  constexpr MmaWarpTiling WD = M::kRowsByD, WV = M::kRowsByDv;
+  constexpr MmaWarpTiling WD = M::kRowsByD, WV = M::kRowsByDv, WS = M::kDstate;
   constexpr BackwardMmaSmem LM = CB::LM;
   constexpr BackwardSmem L = CB::L;
-  const CB cb(args);
+  CB cb(args, /*stage=*/false);
   float* const smem = cb.smem;
   const BackwardWorkspace& w = cb.w;
-  const BackwardArgs& a = cb.a;
-  const int chunk = cb.chunk, chunks = cb.chunks, bh = cb.bh, b = cb.b, h = cb.h;
+  const BackwardArgs& a = args;
+  const int bh = cb.bh, b = cb.bt, h = cb.h, off = cb.off;
   const long long ws_seq = cb.ws_seq;
-  const int seq = cb.seq, t0 = cb.t0, valid = cb.valid;
+  const int seq = cb.seq;
   const int bh_count = a.problem.batch * a.problem.heads;
   float *const dz = cb.z, *const phi_q = cb.phi_q, *const phi_k = cb.phi_k, *const v = cb.v, *const g = cb.g;
   float *const A = cb.A, *const B = cb.B, *const den = cb.den, *const r = cb.r, *const dphi = cb.dphi;
   float* const dparams = cb.dparams;
   unsigned* const x_words = cb.x_words;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned* const phi_hw = reinterpret_cast<unsigned*>(smem + LM.phi_h);
+  unsigned* const phi_lw = reinterpret_cast<unsigned*>(smem + LM.phi_lo);
+  unsigned* const a_hw = reinterpret_cast<unsigned*>(smem + LM.a_h);
+  unsigned* const a_lw = reinterpret_cast<unsigned*>(smem + LM.a_lo);
+  unsigned* const r_hi = reinterpret_cast<unsigned*>(smem + LM.r_h);
+  unsigned* const r_lo = reinterpret_cast<unsigned*>(smem + LM.r_lo);
+  const Op* const s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
+  const Op* const s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
+  const Op* const v_h = reinterpret_cast<const Op*>(smem + LM.a_h);  // V, then g (the update)
+  const Op* const v_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);
+  const Op* const phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);  // phi(k), then phi(q) (the update)
+  const Op* const phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
+  T* const dv_out = static_cast<T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
+  const int span = cb.range.end - cb.range.begin;
+  float* const walk = smem + LM.walk;  // [next chunk (int), unscale]
+  const int t0 = reinterpret_cast<const int*>(walk)[0];
+  const float unscale = walk[1];
+  const int valid = min(C, cb.range.end - t0);
   const float* const params = cb.params;
-  const float unscale = cb.unscale;
-  load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.dout, b, h, t0, valid, valid, DV, 0, DV, g);
-  for (int i = threadIdx.x; i < valid; i += NT) den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
+  load_rows<T, NT>(a.q, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
+  for (int i = threadIdx.x; i < valid; i += NT)
+    den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
   __syncthreads();
   backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
                            FeatureContext{params, t0, seq, 1, 0.0f});
-  load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
+  load_rows<T, NT>(a.k, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
+  load_rows<T, NT>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
   const FeatureContext ctx{params, t0, seq, 0, 0.0f};
   backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
@@ -648,20 +778,11 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     B[i * CS + j] = on ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) + r[i] : 0.0f;
   }
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
-    mma_detail::split_rows<NT, DV, PV>(v, reinterpret_cast<unsigned*>(smem + LM.a_h),
-                                       reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, C);
+    mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
   else
-    mma_detail::round_rows<T, NT, DV, PV>(v, reinterpret_cast<unsigned*>(smem + LM.a_h), valid, C);  // exact
-  mma_detail::split_rows<NT, D, PD>(phi_k, reinterpret_cast<unsigned*>(smem + LM.phi_h),
-                                    reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, C);
+    mma_detail::round_rows<T, NT, DV, PV>(v, a_hw, valid, C);  // exact
+  mma_detail::split_rows<NT, D, PD>(phi_k, phi_hw, phi_lw, valid, C);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const Op* s_hi = reinterpret_cast<const Op*>(smem + LM.s_h);
-  const Op* s_lo = reinterpret_cast<const Op*>(smem + LM.s_lo);
-  const Op* v_h = reinterpret_cast<const Op*>(smem + LM.a_h);
-  const Op* v_lo = reinterpret_cast<const Op*>(smem + LM.a_lo);  // fp16 I/O only
-  const Op* phi_hi = reinterpret_cast<const Op*>(smem + LM.phi_h);
-  const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
   const auto dphi_epi = [&](int j, int f, float x) {
     if (j < valid) {
       float s = fmaf(x, unscale, dz[f]);
@@ -677,13 +798,11 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
     mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
         vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
   } else {
-    (void)v_lo;
     const Op* const vs[2] = {v_h, v_h};
     const Op* const ss[2] = {s_hi, s_lo};
     mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
         vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
   }
-  T* dv_out = static_cast<T*>(a.dv.data) + b * a.dv.stride_batch + h * a.dv.stride_head;
   const Op* const phis[3] = {phi_hi, phi_hi, phi_lo};
   const Op* const dss[3] = {s_hi, s_lo, s_hi};
   mma_detail::row_tile_products<Op, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
@@ -691,15 +810,69 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(
         if (j < valid) {
           float s = x * unscale;
           for (int i = j & ~7; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * DV + c], s);
-          dv_out[(long long)(t0 + j) * a.dv.stride_seq + c] = from_float<T>(s);
+          dv_out[(long long)(off + t0 + j) * a.dv.stride_seq + c] = from_float<T>(s);
         }
       });
   __syncthreads();
   M::FMB::template backward<NT>(smem + L.x, phi_k, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
                                 smem + L.dx, dparams, smem + LM.jt);
-  store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, t0);
+  store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, off + t0);
+  if (t0 > cb.range.begin) {  // block-uniform: dS_>c-1 = dS_>c + Phi_q^T [G | r] for the chunk before
+    __syncthreads();  // the J^T's staging (over phi_h ...) is free
+    mma_detail::split_rows<NT, D, PD>(phi_q, phi_hw, phi_lw, valid, C);
+    mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
+    for (int e = threadIdx.x; e < C / 2; e += NT) {
+      const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;
+      mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
+    }
+    __syncthreads();
+    const int wm = warp % WS.warps_m, wn = warp / WS.warps_m;
+    const bool with_z = wn == 0;  // warp-uniform: the dz tile
+    float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
+    float zacc[WS.m_tiles_per_warp][4];
+    mma_detail::zero_state_accumulators(acc, zacc);
+    mma_detail::split_dstate_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
+        acc, zacc, phi_hi, phi_lo, v_h, v_lo, r_hi, r_lo, wm, wn, with_z, lane);
+    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, /*kAdd=*/true>(
+        acc, zacc, smem + L.state, D, DV, 0, wm, wn, with_z, lane);
+    __syncthreads();
+    cb.restage();
+    if (threadIdx.x == 0) {
+      reinterpret_cast<int*>(walk)[0] = t0 - C;
+      walk[1] = cb.unscale;
+    }
+    __syncthreads();  // the next chunk reads the walk state
+    return true;
+  }
+  __syncthreads();
   if constexpr (Tr::kLearned)
-    write_slot<K>(dparams, a.workspace + w.slots + ((long long)(bh_count + bh) * chunks + chunk) * Tr::kParamFloats);
+    write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh_count * K::state_splits + cb.slot) * Tr::kParamFloats);
+  return false;
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads, walk_min_blocks(
+                                                  BackwardMmaTraits<K>::layout(BackwardKind::causal_dkv).bytes()))
+    mma_causal_dkv_kernel(const __grid_constant__ BackwardArgs args) {
+  using Tr = BackwardTraits<K>;
+  using CB = CausalRangeBlock<K, BackwardKind::causal_dkv>;
+  constexpr int C = CB::C;
+  const CB cb(args);
+  const int span = cb.range.end - cb.range.begin;
+  if (span == 0) {  // an empty range: its zero slot
+    if constexpr (Tr::kLearned)
+      write_slot<K>(cb.dparams, args.workspace + cb.w.slots +
+                                    ((long long)args.problem.batch * args.problem.heads * K::state_splits + cb.slot) *
+                                        Tr::kParamFloats);
+    return;
+  }
+  if (threadIdx.x == 0) {  // the range's last chunk first
+    reinterpret_cast<int*>(cb.smem + CB::LM.walk)[0] = cb.range.begin + (span - 1) / C * C;
+    cb.smem[CB::LM.walk + 1] = cb.unscale;
+  }
+  __syncthreads();
+  while (mma_causal_dkv_chunk<K>(args)) {
+  }
 }
 
 }  // namespace lunajit

@@ -138,26 +138,60 @@ LUNAJIT_DEVICE void state_tile_products(float (*acc)[NPW][4], float (*zacc)[4], 
 
 // Writes a warp's state accumulators as an fp32 partial [D * ld | D]: S at
 // (f, c0 + column) for columns < ld, and z (every column of the z tile holds
-// it; lanes t == 0 write column 0).
-template <int WM, int MPW, int NPW>
+// it; lanes t == 0 write column 0). kAdd: adds them to the partial instead
+// (each entry has one owner lane: the causal walks' state updates, in shared
+// memory). There each lane adds its (c0, c1) or (c2, c3) pair as one 64-bit
+// word, and step k of a row half takes n-tile (k + g) % NPW: a half-warp's 16
+// pairs then lie in 16 distinct bank pairs (4 n-tiles x 4 t) where the
+// fragment order (one n-tile per step, rows g at a stride of ld words) puts 8
+// rows on the same banks (8-way conflicts). The global partials keep the
+// fragment order (the selects cost the fp16 state pass 16 bytes of spills on sm_80).
+template <int WM, int MPW, int NPW, bool kAdd = false>
 LUNAJIT_DEVICE void write_state_partial(const float (*acc)[NPW][4], const float (*zacc)[4], float* part, int D,
                                         int ld, int c0, int wm, int wn, bool with_z, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < MPW; ++i) {
     const int f0 = (wm + WM * i) * 16;
+    if constexpr (!kAdd) {
 #pragma unroll
-    for (int j = 0; j < NPW; ++j) {
-      const int n0 = (wn * NPW + j) * 8;
+      for (int j = 0; j < NPW; ++j) {
+        const int n0 = (wn * NPW + j) * 8;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
-        if (c < ld) part[(long long)f * ld + c] = acc[i][j][q];
+        for (int q = 0; q < 4; ++q) {
+          const int f = f0 + g + 8 * (q >> 1), c = c0 + n0 + 2 * t + (q & 1);
+          if (c < ld) part[(long long)f * ld + c] = acc[i][j][q];
+        }
       }
-    }
-    if (with_z && t == 0) {
-      part[(long long)D * ld + f0 + g] = zacc[i][0];
-      part[(long long)D * ld + f0 + g + 8] = zacc[i][2];
+      if (with_z && t == 0) {
+        part[(long long)D * ld + f0 + g] = zacc[i][0];
+        part[(long long)D * ld + f0 + g + 8] = zacc[i][2];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < NPW; ++k) {
+        const int jr = (k + g) % NPW;  // lane-dependent: selected below without indexing registers
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v0 = acc[i][0][2 * h], v1 = acc[i][0][2 * h + 1];
+#pragma unroll
+          for (int j = 1; j < NPW; ++j)
+            if (j == jr) {
+              v0 = acc[i][j][2 * h];
+              v1 = acc[i][j][2 * h + 1];
+            }
+          const int f = f0 + g + 8 * h, c = c0 + (wn * NPW + jr) * 8 + 2 * t;  // c, ld even: c + 1 < ld too
+          if (c < ld) {
+            float* const dst = part + (long long)f * ld + c;
+            const float2 old = load_pair(dst);
+            store_pair(dst, v0 + old.x, v1 + old.y);
+          }
+        }
+      }
+      if (with_z && t == 0) {
+        part[(long long)D * ld + f0 + g] += zacc[i][0];
+        part[(long long)D * ld + f0 + g + 8] += zacc[i][2];
+      }
     }
   }
 }
@@ -174,16 +208,14 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
 }  // namespace mma_detail
 
 // Tk: the token tile, K::block_tokens for the non-causal state pass, K::chunk
-// for the per-range states of the causal walk's super-chunk split (ranges
-// then start on chunk boundaries). kSplitPhi (the backward's state pass):
+// for the per-range states of the causal walks' super-chunk split (the
+// forward's and the tensor-core backward's; ranges then start on chunk boundaries). kSplitPhi (the backward's state pass):
 // phi from the fp32 map split into bf16 hi + lo tiles and both products
 // summed, S = Phi_hi^T V + Phi_lo^T V, so that S is accurate to 2^-16
 // relative instead of 2^-8 (docs/MATH.md "Tensor-core backward"). Its
 // operands are bf16 whatever the I/O dtype: fp16 V, which bf16 holds exactly
 // only as hi + lo (11 significant bits), adds the product Phi_hi^T V_lo.
-// kTiles (the chunk-parallel causal backward): block y covers exactly token
-// tile y and writes partial y of gridDim.y (one per chunk), not a split's range.
-template <class K, int Tk = K::block_tokens, bool kSplitPhi = false, bool kTiles = false>
+template <class K, int Tk = K::block_tokens, bool kSplitPhi = false>
 LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
                                     const float* all_params, float key_stab, float* parts_base) {
   using Tr = KernelTraits<K>;
@@ -206,10 +238,9 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const Op* v_lo = reinterpret_cast<const Op*>(smem + L.v_lo);    // (Tk, PV), kSplitV
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const TokenRange range =
-      kTiles ? TokenRange{min(seq, split * Tk), min(seq, (split + 1) * Tk)} : split_range<K>(seq, split, Tk);
+  const TokenRange range = split_range<K>(seq, split, Tk);
   const int s0 = range.begin, s1 = range.end;
-  const int parts_per_bh = kTiles ? (int)gridDim.y : K::state_splits;
+  constexpr int parts_per_bh = K::state_splits;
   const float* params = Tr::head_params(all_params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;

@@ -279,11 +279,14 @@ TEST_P(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
   const std::vector<int> cu = {0, 37, 127, 130};  // 37, 90 and 3 tokens: partial tiles, tiles past a short end
   const int heads = 2, total = cu.back();
   AttentionSpec spec = default_spec(Family::luna);
-  spec.causal = GetParam();  // causal: chunk-parallel, chunks past a short sequence's end
+  spec.causal = GetParam();  // causal: walks across chunks, ranges past a short sequence's end
   spec.dtype = DType::bf16;
   const int d = spec.head_dim, dv = spec.value_dim;
   const TileConfig scalar = default_config(spec, sm90(), Pass::backward).with_mma(false);
-  const TileConfig tc = scalar.with_mma(true);
+  // Causal: 2 ranges per sequence, so the walks cross chunks (37 tokens: 2 + 1 chunks of 16,
+  // 90: 3 + 3, 3: 1 and an empty range); non-causal: 2 splits of the state pass.
+  const TileConfig tc(scalar.block_tokens(), scalar.warps(), scalar.dv_block(), scalar.chunk(), 2,
+                      scalar.phi_backward(), true);
   ASSERT_TRUE(can_implement(spec, tc, sm90(), Pass::backward));
   std::mt19937_64 rng(11);
   std::normal_distribution<float> n01(0.0f, 1.0f);
@@ -314,7 +317,7 @@ TEST_P(MmaBackwardHostPacked, PackedSequencesMatchTheScalarKernels) {
 INSTANTIATE_TEST_SUITE_P(Causality, MmaBackwardHostPacked, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "causal" : "noncausal"; });
 
-// Carried state (docs/MATH.md §1a) through the chunk-parallel causal backward:
+// Carried state (docs/MATH.md §1a) through the tensor-core causal backward's walks:
 // the forward's initial (S, z) seeds the prefix scan and the upstream gradient
 // of the final state the suffix scan, which writes the initial state's
 // gradient. The same bf16 inputs through the tensor-core and the scalar
@@ -338,8 +341,13 @@ TEST(MmaBackwardHostCarried, CarriedStateMatchesTheScalarScans) {
   spec.luna.output_activation = OutputActivation::softplus;
   const int B = 2, H = 2, N = 45, d = spec.head_dim, dv = spec.value_dim, D = spec.feature_dim();
   const ProblemShape shape{B, H, N};
-  const TileConfig tc = default_config(spec, sm90(), Pass::backward);
-  ASSERT_TRUE(tc.mma()) << tc.to_string();
+  // Two ranges over the 3 chunks of 16: the first walks chunks 0 and 1 (the
+  // initial state enters through its prefix, dS_T through its suffix), the
+  // second chunk 2.
+  const TileConfig def = default_config(spec, sm90(), Pass::backward);
+  const TileConfig tc(def.block_tokens(), def.warps(), def.dv_block(), 16, 2, def.phi_backward(), true);
+  ASSERT_TRUE(def.mma()) << def.to_string();
+  ASSERT_TRUE(can_implement(spec, tc, sm90(), Pass::backward));
   const TileConfig scalar = tc.with_mma(false);
   std::mt19937_64 rng(17);
   std::normal_distribution<float> n01(0.0f, 1.0f);
@@ -463,18 +471,21 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
   };
   AttentionSpec causal = spec;
   causal.causal = true;
-  // The causal backward is chunk-parallel on tensor cores (its tile is the
-  // chunk); the causal performer (running key stabiliser) has none.
+  // The causal backward walks chunks on tensor cores (its tile is the chunk);
+  // the causal performer (running key stabiliser) has none.
   const TileConfig causal_on = default_config(causal, sm90(), Pass::backward);
   EXPECT_TRUE(causal_on.mma()) << causal_on.to_string();
   EXPECT_TRUE(can_implement(causal, causal_on, sm90(), Pass::backward));
-  // C64's tiles (229,936 bytes for causal_dq) fit sm_90's 227 KiB, not sm_80's 163 KiB.
+  // C32's tiles fit sm_90's 227 KiB; C64's do not (causal_dq 246,592 bytes:
+  // 229,936 for the chunk's tiles, 16,640 for the range's fp32 [dS | dz] and
+  // 16 for the walk's state), on sm_90 or sm_80.
+  EXPECT_TRUE(can_implement(causal, TileConfig(64, 4, 64, 32, 4).with_mma(true), sm90(), Pass::backward));
   const TileConfig c64 = TileConfig(64, 4, 64, 64, 4).with_mma(true);
-  EXPECT_TRUE(can_implement(causal, c64, sm90(), Pass::backward));
-  {
-    auto st = can_implement(causal, c64, arch_from_sm(80).value_or_throw(), Pass::backward);
+  for (const Arch& arch : {sm90(), arch_from_sm(80).value_or_throw()}) {
+    auto st = can_implement(causal, c64, arch, Pass::backward);
     ASSERT_FALSE(st);
     EXPECT_NE(st.error().message.find("shared memory"), std::string::npos) << st.error().message;
+    EXPECT_NE(st.error().message.find("246592"), std::string::npos) << st.error().message;
   }
   AttentionSpec causal_performer = default_spec(Family::performer);
   causal_performer.causal = true;

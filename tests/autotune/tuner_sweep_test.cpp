@@ -57,7 +57,7 @@ TEST_P(TunerSweep, EveryCandidateCompilesAndPassesTheCheck) {
     const TuneResult& res = r->front();
     // The tensor-core variant (TileConfig::mma) is in every sample: each
     // case's default config runs on tensor cores (the causal backward's too,
-    // chunk-parallel) and the default is always sampled.
+    // super-chunk walks) and the default is always sampled.
     EXPECT_TRUE(default_config(spec, arch, GetParam().pass).mma());
     EXPECT_TRUE(std::any_of(res.candidates.begin(), res.candidates.end(),
                             [](const CandidateResult& c) { return c.config.mma(); }))

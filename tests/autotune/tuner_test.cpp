@@ -99,9 +99,11 @@ TEST(EffectiveKnobs, PerPassAndCausality) {
   EXPECT_EQ(effective_knobs(s, Pass::forward).to_string(), "warps, dv_block, chunk, state_splits, mma");
   EXPECT_TRUE(effective_knobs(s, Pass::forward).reads_state_splits(TileConfig(64, 4, 64, 64, 2).with_mma(true)));
   EXPECT_FALSE(effective_knobs(s, Pass::forward).reads_state_splits(TileConfig(64, 4, 64, 64, 2)));
-  // The causal backward on tensor cores is chunk-parallel: no splits.
-  EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(), "warps, dv_block, chunk, phi_backward, mma");
-  EXPECT_FALSE(effective_knobs(s, Pass::backward).reads_state_splits(TileConfig(64, 4, 64, 16, 2).with_mma(true)));
+  // The causal backward on tensor cores walks state_splits super-chunk ranges;
+  // the scalar scans walk the whole sequence.
+  EXPECT_EQ(effective_knobs(s, Pass::backward).to_string(), "warps, dv_block, chunk, state_splits, phi_backward, mma");
+  EXPECT_TRUE(effective_knobs(s, Pass::backward).reads_state_splits(TileConfig(64, 4, 64, 16, 2).with_mma(true)));
+  EXPECT_FALSE(effective_knobs(s, Pass::backward).reads_state_splits(TileConfig(64, 4, 64, 16, 2)));
   AttentionSpec p = default_spec(Family::performer);
   p.causal = true;  // key_stab tiles by block_tokens
   EXPECT_EQ(effective_knobs(p, Pass::forward).to_string(), "block_tokens, warps, dv_block, chunk");

@@ -175,7 +175,7 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
   }
   // The forward of a 16-bit spec has mma kernels, causal or not, except the
   // causal performer (its running stabiliser has no mma kernel); so does the
-  // bf16 or fp16 backward (the causal one chunk-parallel), not the causal performer's.
+  // bf16 or fp16 backward (the causal one walking super-chunks), not the causal performer's.
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::forward));
   EXPECT_TRUE(uses_tensor_cores(s, c, Pass::backward));
   AttentionSpec causal = s, fp32 = s, fp16 = s, causal_performer = default_spec(Family::performer);
@@ -240,8 +240,8 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   EXPECT_FALSE(jacobian_on_tensor_cores(s, c.with_mma(false)));
   AttentionSpec causal = s, d24 = s;
   causal.causal = true;
-  EXPECT_TRUE(jacobian_on_tensor_cores(causal, c));  // the chunk-parallel causal backward's J^T too
-  // The chunk-parallel causal backward (one chunk of 64 here): the inter-chunk
+  EXPECT_TRUE(jacobian_on_tensor_cores(causal, c));  // the causal backward's walks' J^T too
+  // The causal backward's walks (one range of one chunk of 64 here): the inter-chunk
   // products on mma (dq: G S^T and the chunk's Phi_q^T [G | r], three split
   // terms each; dkv: V dS^T and Phi_k dS, 2.5 on average), plus the J^T.
   for (auto [role, gemm, terms] : {std::tuple{"causal_dq", N * 2 * D * dv + N * 2 * D * (dv + 1), 3.0},
@@ -250,7 +250,7 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     const auto k = kernel_counts(causal, c, Pass::backward, role, shape).value_or_throw();
     EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 56320 + 2 * N * 26624);  // phi(q) and phi(k)
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
-    EXPECT_EQ(k.serial_steps, 0);  // no chunk walk
+    EXPECT_EQ(k.serial_steps, 1);  // one range of one chunk
     const auto scalar = kernel_counts(causal, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
     EXPECT_EQ(scalar.tc_flops, 0);
     EXPECT_GT(scalar.serial_steps, 0);
@@ -347,14 +347,15 @@ TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
   EXPECT_LT(t4, t1);
 }
 
-TEST(CostModelPlan, CausalBackwardOnTensorCoresIsChunkParallel) {
-  // The causal backward with mma: per-chunk states (grid bh x chunks x dv
-  // blocks), the prefix scan (bh x ceil(part / threads)), dq over (chunks, bh),
-  // the suffix scan, dk/dv over (chunks, bh); the workspace holds one state
-  // per chunk, the denominators and one parameter slot per chunk and side.
+TEST(CostModelPlan, CausalBackwardOnTensorCoresWalksSuperChunks) {
+  // The causal backward with mma: per-range states (grid bh x ranges x dv
+  // blocks), the prefix scan (bh x ceil(part / threads)), the dq walks over
+  // (ranges, bh), the suffix scan, the dk/dv walks over (ranges, bh); the
+  // workspace holds one state per range, the denominators and r, and one
+  // parameter slot per range and side.
   AttentionSpec s = default_spec(Family::luna);
   s.causal = true;
-  const ProblemShape shape{2, 3, 1000};  // 63 chunks of 16
+  const ProblemShape shape{2, 3, 1000};  // 63 chunks of 16: ranges of 16 (the last 15)
   const TileConfig c = TileConfig(64, 8, 64, 16, 4).with_mma(true);
   ASSERT_TRUE(can_implement(s, c, sm90(), Pass::backward));
   EXPECT_TRUE(causal_backward_tiles(s, c, Pass::backward));
@@ -366,27 +367,39 @@ TEST(CostModelPlan, CausalBackwardOnTensorCoresIsChunkParallel) {
   EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_scan", "causal_dq", "dstate_scan", "causal_dkv",
                                              "param_reduce"}));
   const unsigned part = 64 * 64 + 64, entries = (part + 255) / 256;
-  EXPECT_EQ(plan.launches[0].grid, (std::array<unsigned, 3>{6, 63, 1}));
+  EXPECT_EQ(plan.launches[0].grid, (std::array<unsigned, 3>{6, 4, 1}));
   EXPECT_EQ(plan.launches[1].grid, (std::array<unsigned, 3>{6, entries, 1}));
-  EXPECT_EQ(plan.launches[2].grid, (std::array<unsigned, 3>{63, 6, 1}));
+  EXPECT_EQ(plan.launches[2].grid, (std::array<unsigned, 3>{4, 6, 1}));
   EXPECT_EQ(plan.launches[3].grid, (std::array<unsigned, 3>{6, entries, 1}));
-  EXPECT_EQ(plan.launches[4].grid, (std::array<unsigned, 3>{63, 6, 1}));
+  EXPECT_EQ(plan.launches[4].grid, (std::array<unsigned, 3>{4, 6, 1}));
   EXPECT_EQ(plan.launches[1].smem_bytes, 0);
   const int64_t P = param_layout(s).per_head_floats;
-  // One array of per-chunk states: the prefix, then (written over it by dq) the chunks' dS and their
+  // One array of per-range states: the prefix, then (written over it by dq) the ranges' dS and their
   // suffix; den and r per token.
-  EXPECT_EQ(plan.workspace_floats, 8 + 6LL * 63 * part + 2 * 6 * 1000 + 2LL * 6 * 63 * P);
-  // The scans carry no shared memory and no tensor-core work; no kernel walks chunks in series but the scans.
+  EXPECT_EQ(plan.workspace_floats, 8 + 6LL * 4 * part + 2 * 6 * 1000 + 2LL * 6 * 4 * P);
+  // The scans carry no shared memory and no tensor-core work; they walk the 4 ranges with 8 loads in flight.
   for (const char* role : {"state_scan", "dstate_scan"}) {
     const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
     EXPECT_EQ(k.tc_flops, 0) << role;
-    EXPECT_EQ(k.serial_steps, 8) << role;  // ceil(63 / 8): eight chunks' loads in flight
+    EXPECT_EQ(k.serial_steps, 1) << role;
   }
-  // One state block per chunk on grid y: at most 65535 chunks, said clearly.
-  auto too_long = plan_launches(s, c, Pass::backward, ProblemShape{1, 1, 65535 * 16 + 1});
-  ASSERT_FALSE(too_long.ok());
-  EXPECT_NE(too_long.error().message.find("65535 chunks"), std::string::npos) << too_long.error().message;
-  EXPECT_TRUE(plan_launches(s, c, Pass::backward, ProblemShape{1, 1, 65535 * 16}).ok());
+  // The walks: 16 chunks in series per range, the state updates on tensor cores.
+  for (const char* role : {"causal_dq", "causal_dkv"}) {
+    const auto k = kernel_counts(s, c, Pass::backward, role, shape).value_or_throw();
+    EXPECT_EQ(k.serial_steps, 16) << role;
+    const auto one = kernel_counts(s, TileConfig(64, 8, 64, 16, 1).with_mma(true), Pass::backward, role, shape)
+                         .value_or_throw();
+    EXPECT_EQ(one.serial_steps, 63) << role;
+    // One range updates its state after 62 chunks, four ranges after 59: 3 fewer updates
+    // of 2 (N / 63) D (dv + 1) FLOPs (the model spreads the short last chunk over all),
+    // executed as 2 split terms in dq (S += Phi_k^T [V | 1], bf16 V exact) and 3 in dkv
+    // (dS += Phi_q^T [G | r]); and 3 more prefix states read.
+    const double update = 2.0 * 1000 / 63 * 64 * 65 * 6, terms = std::string(role) == "causal_dq" ? 2 : 3;
+    EXPECT_NEAR(one.flops - k.flops, 3 * terms * update, 1e-9 * one.flops) << role;
+    EXPECT_LT(one.bytes, k.bytes) << role;
+  }
+  // A long sequence is fine: the grids hold ranges, not chunks.
+  EXPECT_TRUE(plan_launches(s, c, Pass::backward, ProblemShape{1, 1, 65535 * 16 + 1}).ok());
 }
 
 TEST(GpuSpecs, TensorPeaksPerDtype) {

@@ -68,7 +68,7 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
   // The default LUNA spec (bf16) on sm_90 gets the largest tiles in the
   // forward (8 warps non-causal, 4 causal), 16-token tiles in the non-causal
   // backward (occupancy: the comments in default_config), all on tensor
-  // cores, on sm_80 too; the causal backward chunk-parallel on tensor cores
+  // cores, on sm_80 too; the causal backward's walks on tensor cores
   // with 16-token chunks and 8 warps; fp32 stays scalar.
   AttentionSpec luna = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();

@@ -3,7 +3,7 @@
 // sm_80 and sm_90, compiled by NVRTC under the tile config default_config picks
 // for each pass: the scalar forward, the tensor-core forward (the same config
 // with mma on, which the tuner also tries), the backward's default (tensor
-// cores; causal: chunk-parallel) and the scalar backward on the same tiles. Every entry
+// cores; causal: super-chunk walks) and the scalar backward on the same tiles. Every entry
 // must report 0 spill stores, 0 spill loads and no stack frame. Prints each
 // kernel's registers and dynamic shared memory for the record
 // (docs/ARCHITECTURE.md quotes them). Compiles go through the binary cache
