@@ -324,16 +324,20 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
         }
   }
   // The causal backward of a bf16/fp16 spec (not the performer) runs on
-  // tensor cores, each block walking the chunks of one of 4 super-chunk
+  // tensor cores, each block walking the chunks of one of 16 super-chunk
   // ranges: small chunks (16 tokens: 111,536 bytes of shared memory for the
   // default LUNA spec's causal_dq, 2 blocks per SM on sm_90) and 8 warps
-  // first. Predicted (docs/ARCHITECTURE.md, B 8, H 12, N 16384, H100): the
-  // scalar scans' 328 ms -> 5.93 ms.
+  // first. 16 ranges: the most the search space has; by the cost model the
+  // best of 2, 4, 8, 16 on H100, H200 and A100 at B 8, H 12, N 16384 and at
+  // B 1, H 4, N 4096 (fewer blocks leave SMs idle or a partial last wave),
+  // for a workspace of 16 fp32 states per (batch, head). Predicted
+  // (docs/ARCHITECTURE.md, B 8, H 12, N 16384, H100): the scalar scans'
+  // 328 ms -> 4.43 ms (5.93 ms with 4 ranges).
   if (spec.causal && pass == Pass::backward && spec.dtype != DType::fp32 && spec.family != Family::performer)
     for (int dvb : dv_blocks)
       for (int chunk : {16, 32, 64})
         for (int warps : {8, 4, 2}) {
-          const TileConfig c = TileConfig(64, warps, dvb, chunk, 4).with_mma(true);
+          const TileConfig c = TileConfig(64, warps, dvb, chunk, 16).with_mma(true);
           if (can_implement(spec, c, arch, pass)) return c;
         }
   for (int dvb : dv_blocks)

@@ -69,7 +69,7 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
   // forward (8 warps non-causal, 4 causal), 16-token tiles in the non-causal
   // backward (occupancy: the comments in default_config), all on tensor
   // cores, on sm_80 too; the causal backward's walks on tensor cores
-  // with 16-token chunks and 8 warps; fp32 stays scalar.
+  // with 16-token chunks, 8 warps and 16 ranges; fp32 stays scalar.
   AttentionSpec luna = default_spec(Family::luna);
   const Arch sm90 = arch_from_sm(90).value_or_throw();
   EXPECT_EQ(default_config(luna, sm90), TileConfig(64, 8, 64, 64, 4).with_mma(true));
@@ -84,9 +84,9 @@ TEST(TileConfig, DefaultIsImplementableEverywhere) {
             TileConfig(16, 4, 64, 64, 4).with_mma(true));
   AttentionSpec causal = luna;
   causal.causal = true;
-  EXPECT_EQ(default_config(causal, sm90, Pass::backward), TileConfig(64, 8, 64, 16, 4).with_mma(true));
+  EXPECT_EQ(default_config(causal, sm90, Pass::backward), TileConfig(64, 8, 64, 16, 16).with_mma(true));
   EXPECT_EQ(default_config(causal, arch_from_sm(80).value_or_throw(), Pass::backward),
-            TileConfig(64, 8, 64, 16, 4).with_mma(true));
+            TileConfig(64, 8, 64, 16, 16).with_mma(true));
   // sm_75 has no bf16 mma.sync: can_implement refuses mma there, so its defaults are scalar.
   const Arch sm75 = arch_from_sm(75).value_or_throw();
   for (Pass pass : {Pass::forward, Pass::backward}) {
