@@ -75,7 +75,11 @@ struct MmaFeatureBackward<K, TK, true> {
   static constexpr int NL = L / 8, KH = Hm / 16, NJ = Hm / 8, KP = d / 16, NP = (M + 7) / 8;
   static constexpr int S = FB::kScratchPerRow;  // [denv, u_0..u_{M-1}, du_0..du_{M-1}]
   static constexpr int kDpreFloats = align4((Tk * PD + 1) / 2);
-  static constexpr int kWarpFloats = align4(16 * PH > 2 * Hm + L * Hm ? 16 * PH : 2 * Hm + L * Hm);
+  // dW2^T's staged rows: Hm + 4 words apart, so that a fragment store's 32 lanes
+  // (rows l = 2t (+1), columns j = g) hit 32 banks (8t + g) where Hm apart put
+  // the 4 t of a g on one bank (4-way conflicts, every tile of the J^T).
+  static constexpr int W2S = luna_jt_w2_stride(Hm);
+  static constexpr int kWarpFloats = align4(16 * PH > 2 * Hm + L * W2S ? 16 * PH : 2 * Hm + L * W2S);
   static constexpr int kXFloats = align4((Tk * PX + 1) / 2);
   static constexpr int kStageFloats = luna_jt_stage_floats(Tk, d, D, Hm, L, NW);
   static_assert(kStageFloats == 2 * kDpreFloats + (NW * kWarpFloats > kXFloats ? NW * kWarpFloats : kXFloats),
@@ -271,12 +275,13 @@ struct MmaFeatureBackward<K, TK, true> {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int j = 16 * kk + g + 8 * (q >> 1), l = 8 * nl + 2 * t + (q & 1);
-          part[2 * Hm + l * Hm + j] = dw2[kk][nl][q];
+          part[2 * Hm + l * W2S + j] = dw2[kk][nl][q];
         }
     __syncthreads();
     for (int e = threadIdx.x; e < 2 * Hm + L * Hm; e += NT) {
       float s = 0.0f;
-      for (int w = 0; w < NW; ++w) s += stage[2 * kDpreFloats + w * kWarpFloats + e];
+      const int at = e < 2 * Hm ? e : 2 * Hm + (e - 2 * Hm) / Hm * W2S + (e - 2 * Hm) % Hm;
+      for (int w = 0; w < NW; ++w) s += stage[2 * kDpreFloats + w * kWarpFloats + at];
       const int dst = e < Hm ? FM::kW1 + e : e < 2 * Hm ? FM::kB1 + (e - Hm) : FM::kW2 + (e - 2 * Hm);
       dparams[dst] += s;
     }

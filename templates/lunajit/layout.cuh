@@ -404,11 +404,14 @@ LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem backward_mma_smem_layout(BackwardK
 // Staging of LUNA's tensor-core Jacobian-transpose (feature_map_backward_mma.cuh),
 // floats: dpre as bf16 hi and lo tiles (tokens, D + 8), then per warp the
 // larger of its hidden-layer tiles (hi and lo, 16 x (Hm + 8)) and its
-// parameter partial (dW1, db1, dW2: 2 Hm + L Hm); the x tile (tokens, d + 8)
-// of the u = X W^T product overlays the warps' region before the walk.
+// parameter partial (dW1, db1, dW2: 2 Hm + L (Hm + 4), dW2's rows padded so
+// that its fragment-order stores are conflict-free: luna_jt_w2_stride); the
+// x tile (tokens, d + 8) of the u = X W^T product overlays the warps' region
+// before the walk.
+LUNAJIT_HOST_DEVICE constexpr int luna_jt_w2_stride(int Hm) { return Hm + 4; }
 LUNAJIT_HOST_DEVICE constexpr int luna_jt_stage_floats(int tokens, int d, int D, int Hm, int L, int warps) {
   const int dpre = align4((tokens * mma_row_halves(D) + 1) / 2);
-  const int hidden = 16 * mma_row_halves(Hm), part = 2 * Hm + L * Hm;
+  const int hidden = 16 * mma_row_halves(Hm), part = 2 * Hm + L * luna_jt_w2_stride(Hm);
   const int per_warp = warps * align4(hidden > part ? hidden : part), x = align4((tokens * mma_row_halves(d) + 1) / 2);
   return 2 * dpre + (per_warp > x ? per_warp : x);
 }
