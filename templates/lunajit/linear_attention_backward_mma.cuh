@@ -466,7 +466,8 @@ struct CausalRangeBlock {
   // strides need no registers across the walk).
   int bt, off;
   long long ws_seq;  // per-token workspace rows: the longest length
-  long long slot;    // (batch*head, range): the state partial and parameter slot index
+  long long slot;    // (batch*head, range): the state partial index
+  long long param_slot;  // workspace offset of this block's parameter slot (dq's side, then dkv's)
   int seq;
   TokenRange range;
   float *z, *phi_q, *phi_k, *v, *g, *A, *B, *den, *r, *dphi, *dparams;
@@ -486,6 +487,8 @@ struct CausalRangeBlock {
     off = (int)sp.offset;
     ws_seq = args.problem.seq;
     slot = (long long)bh * K::state_splits + split;
+    const long long side = kKind == BackwardKind::causal_dkv ? (long long)args.problem.batch * args.problem.heads : 0;
+    param_slot = w.slots + (side * K::state_splits + slot) * Tr::kParamFloats;
     seq = sp.len;
     range = split_range<K>(seq, split, C);
     z = smem + L.z;
@@ -508,6 +511,16 @@ struct CausalRangeBlock {
     unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
         args.workspace + state + slot * kPart, smem + L.state, z, reinterpret_cast<unsigned*>(smem + LM.s_h),
         reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  }
+
+  // The walk's state for the next chunk call: the chunk starting at token
+  // t0 and the state's unscale (thread 0 writes them; ends with a barrier).
+  LUNAJIT_DEVICE void set_walk(int t0, float state_unscale) const {
+    if (threadIdx.x == 0) {
+      reinterpret_cast<int*>(smem + LM.walk)[0] = t0;
+      smem[LM.walk + 1] = state_unscale;
+    }
+    __syncthreads();
   }
 
   // After a walk update of the fp32 state: its 2^-a-scaled hi + lo tiles
@@ -666,11 +679,7 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
         acc, zacc, smem + L.state, D, DV, 0, wm, wn, with_z, lane);
     __syncthreads();
     cb.restage();
-    if (threadIdx.x == 0) {
-      reinterpret_cast<int*>(walk)[0] = t0 + C;
-      walk[1] = cb.unscale;
-    }
-    __syncthreads();  // the next chunk reads the walk state
+    cb.set_walk(t0 + C, cb.unscale);
     return true;
   }
   __syncthreads();
@@ -678,7 +687,7 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   // read by the constructor, behind its barrier; no other block reads slot r).
   float* const part = a.workspace + w.dstate + cb.slot * kPart;
   for (int e = threadIdx.x; e < kPart; e += NT) part[e] = dsum[e];
-  if constexpr (Tr::kLearned) write_slot<K>(dparams, a.workspace + w.slots + cb.slot * Tr::kParamFloats);
+  if constexpr (Tr::kLearned) write_slot<K>(dparams, a.workspace + cb.param_slot);
   return false;
 }
 
@@ -695,14 +704,10 @@ __global__ void __launch_bounds__(K::threads, walk_min_blocks(
   if (cb.range.begin >= cb.range.end) {  // an empty range: its zero partial and slot
     float* const part = args.workspace + cb.w.dstate + cb.slot * kPart;
     for (int e = threadIdx.x; e < kPart; e += K::threads) part[e] = 0.0f;
-    if constexpr (Tr::kLearned) write_slot<K>(cb.dparams, args.workspace + cb.w.slots + cb.slot * Tr::kParamFloats);
+    if constexpr (Tr::kLearned) write_slot<K>(cb.dparams, args.workspace + cb.param_slot);
     return;
   }
-  if (threadIdx.x == 0) {
-    reinterpret_cast<int*>(cb.smem + CB::LM.walk)[0] = cb.range.begin;
-    cb.smem[CB::LM.walk + 1] = cb.unscale;
-  }
-  __syncthreads();  // dsum and the walk state
+  cb.set_walk(cb.range.begin, cb.unscale);  // its barrier also covers dsum
   while (mma_causal_dq_chunk<K>(args)) {
   }
 }
@@ -732,7 +737,6 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   const int bh = cb.bh, b = cb.bt, h = cb.h, off = cb.off;
   const long long ws_seq = cb.ws_seq;
   const int seq = cb.seq;
-  const int bh_count = a.problem.batch * a.problem.heads;
   float *const dz = cb.z, *const phi_q = cb.phi_q, *const phi_k = cb.phi_k, *const v = cb.v, *const g = cb.g;
   float *const A = cb.A, *const B = cb.B, *const den = cb.den, *const r = cb.r, *const dphi = cb.dphi;
   float* const dparams = cb.dparams;
@@ -837,16 +841,11 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
         acc, zacc, smem + L.state, D, DV, 0, wm, wn, with_z, lane);
     __syncthreads();
     cb.restage();
-    if (threadIdx.x == 0) {
-      reinterpret_cast<int*>(walk)[0] = t0 - C;
-      walk[1] = cb.unscale;
-    }
-    __syncthreads();  // the next chunk reads the walk state
+    cb.set_walk(t0 - C, cb.unscale);
     return true;
   }
   __syncthreads();
-  if constexpr (Tr::kLearned)
-    write_slot<K>(dparams, a.workspace + w.slots + ((long long)bh_count * K::state_splits + cb.slot) * Tr::kParamFloats);
+  if constexpr (Tr::kLearned) write_slot<K>(dparams, a.workspace + cb.param_slot);
   return false;
 }
 
@@ -860,17 +859,10 @@ __global__ void __launch_bounds__(K::threads, walk_min_blocks(
   const CB cb(args);
   const int span = cb.range.end - cb.range.begin;
   if (span == 0) {  // an empty range: its zero slot
-    if constexpr (Tr::kLearned)
-      write_slot<K>(cb.dparams, args.workspace + cb.w.slots +
-                                    ((long long)args.problem.batch * args.problem.heads * K::state_splits + cb.slot) *
-                                        Tr::kParamFloats);
+    if constexpr (Tr::kLearned) write_slot<K>(cb.dparams, args.workspace + cb.param_slot);
     return;
   }
-  if (threadIdx.x == 0) {  // the range's last chunk first
-    reinterpret_cast<int*>(cb.smem + CB::LM.walk)[0] = cb.range.begin + (span - 1) / C * C;
-    cb.smem[CB::LM.walk + 1] = cb.unscale;
-  }
-  __syncthreads();
+  cb.set_walk(cb.range.begin + (span - 1) / C * C, cb.unscale);  // the range's last chunk first
   while (mma_causal_dkv_chunk<K>(args)) {
   }
 }
