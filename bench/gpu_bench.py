@@ -78,7 +78,9 @@ def bench(args):
     if not dry and not torch.cuda.is_available():
         sys.exit("gpu_bench: no CUDA device (use --dry-run to check the script on the CPU)")
     dev = "cpu" if dry else "cuda"
-    import lunajit
+    lunajit = None
+    if not args.no_lunajit:
+        import lunajit
     dtype = torch.float32 if dry else torch.bfloat16  # CPU SDPA/ATen in bf16 is slow; the dry run checks plumbing
     rows = []
 
@@ -103,20 +105,65 @@ def bench(args):
             ts.append(a.elapsed_time(b))
         return statistics.median(ts)
 
+    checks = []
+    meta = {"device": "cpu (dry run)" if dry else torch.cuda.get_device_name(), "batch": args.batch,
+            "heads": args.heads, "torch": torch.__version__, "dtype": str(dtype),
+            "note": "dry run: fp32 on the CPU, no lunajit CUDA path" if dry else
+            "causal and not; default tile configs unless tuned before; CUDA-event medians of %d" % args.repeats}
+
+    def write():  # after every row: a run stopped from outside keeps what it measured
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows, "checks": checks}, f, indent=1)
+        with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:
+            f.write(markdown(rows, meta))
+            if checks:
+                f.write("\n| N | causal | lunajit vs eager (rel. RMS, bf16 I/O) | o | dq | dk | dv |\n|---|---|---|---|---|---|---|\n")
+                for c in checks:
+                    f.write("| %d | %s | %s | %s | %s | %s | %s |\n" % (
+                        c["seq"], "yes" if c["causal"] else "no", c.get("error", "ok"),
+                        *("%.2e" % c[n] if n in c else "-" for n in ("o", "dq", "dk", "dv"))))
+
+    def rel(a, b):
+        a, b = a.double(), b.double()
+        return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
     for seq in args.seqs:
         for causal in (False, True):
             B, H, d = args.batch, args.heads, 64
-            spec = lunajit.make_spec(family="luna", causal=causal, dtype="fp32" if dry else "bf16")
-            params = lunajit.init_feature_params(spec, H).to(dev)
             q, k, v = (torch.randn(B, seq, H, d, device=dev, dtype=dtype) * 0.5 for _ in range(3))
             impls = {
-                "lunajit": lambda q, k, v: lunajit.linear_attention(q, k, v, spec=spec, params=params,
-                                                                    path="cuda_kernels"),
-                "eager": lambda q, k, v: lunajit.linear_attention(q, k, v, spec=spec, params=params, path="aten"),
                 # SDPA takes [B, H, N, d].
                 "sdpa": lambda q, k, v: F.scaled_dot_product_attention(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2),
             }
+            if lunajit is not None:
+                spec = lunajit.make_spec(family="luna", causal=causal, dtype="fp32" if dry else "bf16")
+                params = lunajit.init_feature_params(spec, H).to(dev)
+                impls = {
+                    "lunajit": lambda q, k, v: lunajit.linear_attention(q, k, v, spec=spec, params=params,
+                                                                        path="cuda_kernels"),
+                    "eager": lambda q, k, v: lunajit.linear_attention(q, k, v, spec=spec, params=params,
+                                                                      path="aten"),
+                    **impls}
+                if not dry and seq <= args.check_max_seq:
+                    # The CUDA kernels against the ATen composition on the same inputs
+                    # (the composition runs in bf16 too: this bounds both errors, it is
+                    # not a reference; lunajit run --check compares with double).
+                    c = {"seq": seq, "causal": causal}
+                    try:
+                        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                        do = torch.randn(B, seq, H, d, device=dev, dtype=dtype)
+                        outs = []
+                        for path in ("cuda_kernels", "aten"):
+                            o = lunajit.linear_attention(qg, kg, vg, spec=spec, params=params, path=path)
+                            outs.append((o.detach(), *torch.autograd.grad(o, (qg, kg, vg), do)))
+                        for n, a, b in zip(("o", "dq", "dk", "dv"), outs[0], outs[1]):
+                            c[n] = rel(a, b)
+                    except Exception as e:
+                        c["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                    checks.append(c)
+                    print("gpu_bench: check N=%d causal=%s: %s" % (seq, causal, c), flush=True)
             for impl, f in impls.items():
                 if dry and impl == "lunajit":
                     continue
@@ -134,17 +181,14 @@ def bench(args):
                         if not dry:
                             torch.cuda.empty_cache()
                     rows.append(row)
+                    write()
                     print("gpu_bench: N=%d causal=%s %s %s: %s" % (
                         seq, causal, mode, impl, "%.3f ms" % row["ms"] if row["ms"] is not None else row["error"]),
                         flush=True)
-    meta = {"device": "cpu (dry run)" if dry else torch.cuda.get_device_name(), "batch": args.batch,
-            "heads": args.heads, "torch": torch.__version__, "dtype": str(dtype),
-            "note": "dry run: fp32 on the CPU, no lunajit CUDA path" if dry else "causal and not"}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:
-        f.write(markdown(rows, meta))
+            del q, k, v
+            if not dry:
+                torch.cuda.empty_cache()
+    write()
     print("gpu_bench: wrote %s/gpu_bench.json and gpu_bench.md" % args.out)
 
 
@@ -155,6 +199,9 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--check-max-seq", type=int, default=4096,
+                   help="compare lunajit with the eager composition (o and gradients) up to this length")
+    p.add_argument("--no-lunajit", action="store_true", help="SDPA only (no lunajit build with LibTorch)")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args()

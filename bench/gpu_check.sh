@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 11 item 4). UNRUN on a GPU so far: written and
-# dry-run on the CPU-only development machine only.
+# The prepared GPU check (issue 11 item 4).
 #
 #   bench/gpu_check.sh prepare   (here, with the Debian packages installed) copies
 #       the build dependencies the GPU image lacks (nlohmann-json, CLI11, fmt,
-#       xxhash, libpng, Google Test/Benchmark, Boost.Context) into .gpu-deps/
-#       (git-ignored; carry it to the GPU machine with the working tree)
+#       xxhash, libpng + zlib, Google Test/Benchmark, Boost.Context's library and
+#       the 16 Boost headers it includes, pkgconf) into .gpu-deps/ (git-ignored,
+#       5.4 MB; carry it to the GPU machine with the working tree)
 #   bench/gpu_check.sh run       (on the GPU machine: CUDA 13, PyTorch with CUDA,
 #       CMake, ninja; no LLVM 19, no network): configures with
 #       -DLUNAJIT_HOST_JIT=OFF and the PyTorch's LibTorch
-#       (torch.utils.cmake_prefix_path), builds, runs the GPU tests, tunes the
-#       default spec on the GPU, benchmarks forward and forward+backward against
-#       the eager ATen composition and torch SDPA (bench/gpu_bench.py: B=8, H=12,
-#       d=64, N in {1K,4K,16K,64K}, bf16, causal and not) and writes a measured
-#       kernel report; everything lands in $OUT (default gpu-check-out/): JSON,
-#       Markdown and the logs; also the per-token decode latency (decode_bench,
-#       batch 1 and 64). Stage time limits: configure 90 s + build 240 s, then the
-#       GPU stages 8 min 40 s (tests 2 min, tune 1, decode 0.5, bench 2.5, the
-#       Google Benchmark suite bench/attention_bench 2, report 0.7): up to 14 min
-#       10 s in all, more than the 8-minute target when the build is cold
-#       (unmeasured: no GPU has run this script yet).
+#       (torch.utils.cmake_prefix_path; without LibTorch if that configure
+#       fails), builds, then in order of worth: every kernel of 14 specs against
+#       the double reference on the GPU (lunajit run --check, forward and
+#       backward), the benchmark against the eager ATen composition and torch
+#       SDPA (bench/gpu_bench.py: B=8, H=12, d=64, N in {1K,4K,16K}, bf16, causal
+#       and not; lunajit vs eager outputs and gradients up to 4K), the measured
+#       kernel report (predicted beside measured per kernel), the CUDA runtime
+#       tests, compute-sanitizer (memcheck, racecheck) on the default spec, a
+#       tune of the default spec, the LibTorch GPU tests, N = 64K, the Google
+#       Benchmark suite and the decode latency. The whole run has a budget
+#       (GPU_CHECK_BUDGET, default 540 s) and each stage a limit; stages the
+#       budget does not reach are recorded as skipped. Results: $OUT (default
+#       gpu-check-out/) gets summary.md, stages.jsonl and results.tar.gz (all
+#       logs, gpu_bench.md/json, checks.txt, report/), refreshed after each stage.
 #   bench/gpu_check.sh --dry-run checks what can be checked without a GPU: the
 #       script's syntax, the tools, the no-JIT configure step, the benchmark's
 #       table writer (and its CPU dry run when python3 has torch).
@@ -30,35 +33,78 @@ out=${OUT:-$root/gpu-check-out}
 deps=$root/.gpu-deps
 build=${GPU_CHECK_BUILD:-$root/build-gpu-check}
 
-log() { echo "gpu_check: $*" >&2; }
-stage() {  # stage NAME SECONDS CMD...: runs CMD under a time limit, logs to $out/NAME.log
+log() { echo "gpu_check: $(date +%T) $*" >&2; }
+
+# Every stage runs under its own limit and under the whole run's deadline
+# ($GPU_CHECK_BUDGET seconds from the start, default 540): a device lease is
+# short, so the stages go in order of what they are worth, and what is left when
+# the deadline comes is skipped and recorded as such, never silently dropped.
+# After each stage the results so far are packed into $out (results.tar.gz,
+# summary.md), so a run killed from outside still returns what it measured.
+budget=${GPU_CHECK_BUDGET:-540}
+deadline=$((SECONDS + budget))
+stage() {  # stage NAME SECONDS CMD...: runs CMD under min(limit, time left), logs to $work/NAME.log
   local name=$1 limit=$2
   shift 2
+  local left=$((deadline - SECONDS - 5))
+  if ((left < 10)); then
+    log "$name: skipped (the run's ${budget}-s budget is spent)"
+    echo "{\"stage\": \"$name\", \"ok\": false, \"skipped\": \"budget spent\"}" >>"$work/stages.jsonl"
+    failed=1
+    return 0
+  fi
+  ((limit > left)) && limit=$left
   local t0=$SECONDS
   log "$name (limit ${limit}s)"
-  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then
+  # timeout runs programs only: this script's own functions run in a child bash (exported below).
+  local cmd=("$@")
+  declare -F "$1" >/dev/null && cmd=(bash -c '"$@"' _ "$@")
+  if timeout -k 5 "$limit" "${cmd[@]}" >"$work/$name.log" 2>&1; then
     log "$name: ok in $((SECONDS - t0)) s"
-    echo "{\"stage\": \"$name\", \"ok\": true, \"seconds\": $((SECONDS - t0))}" >>"$out/stages.jsonl"
+    echo "{\"stage\": \"$name\", \"ok\": true, \"seconds\": $((SECONDS - t0))}" >>"$work/stages.jsonl"
   else
     local rc=$?
-    log "$name: FAILED (exit $rc) after $((SECONDS - t0)) s; tail of $out/$name.log:"
-    tail -n 20 "$out/$name.log" >&2 || true
-    echo "{\"stage\": \"$name\", \"ok\": false, \"exit\": $rc, \"seconds\": $((SECONDS - t0))}" >>"$out/stages.jsonl"
+    log "$name: FAILED (exit $rc) after $((SECONDS - t0)) s; tail of $name.log:"
+    tail -n 25 "$work/$name.log" >&2 || true
+    echo "{\"stage\": \"$name\", \"ok\": false, \"exit\": $rc, \"seconds\": $((SECONDS - t0))}" >>"$work/stages.jsonl"
     failed=1
   fi
+  pack
+}
+pack() {  # the results so far into $out: one tarball (the device tool returns few files) and a summary
+  {
+    echo "# gpu_check summary"
+    echo
+    cat "$work/device.txt" 2>/dev/null || true
+    echo
+    echo '```'
+    cat "$work/stages.jsonl"
+    echo '```'
+    [[ -f $work/gpu_bench.md ]] && cat "$work/gpu_bench.md"
+    [[ -f $work/checks.txt ]] && { echo; echo '## Kernels vs the double reference on the GPU'; echo '```'; cat "$work/checks.txt"; echo '```'; }
+  } >"$out/summary.md"
+  cp "$work/stages.jsonl" "$out/" 2>/dev/null || true
+  tar -C "$work" --exclude=kernel-cache -czf "$out/results.tar.gz.tmp" . 2>/dev/null && mv "$out/results.tar.gz.tmp" "$out/results.tar.gz"
 }
 
 prepare() {
   local pkgs="nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev libpng-dev libbenchmark-dev libgtest-dev"
-  pkgs+=" libboost-context1.74-dev libboost1.74-dev"
+  pkgs+=" libboost-context1.74-dev libboost1.74-dev zlib1g-dev"  # zlib: FindPNG requires it
   rm -rf "$deps"
   mkdir -p "$deps"
+  # Boost's headers are 150 MB and the working tree that travels is limited to
+  # 64 MiB: only the ones the Boost.Context user includes (the compiler's -M list).
+  local boost_headers
+  boost_headers=$(c++ -std=c++20 -DBOOST_ALL_NO_LIB -DBOOST_CONTEXT_DYN_LINK -I"$root" -I"$root/templates" \
+    -isystem /usr/local/cuda/include -M "$root/runtime/host/fiber_scheduler.cpp" | tr ' \\' '\n\n' |
+    grep '^/usr/include/boost/' | sort -u)
   for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || { log "prepare: package $p is not installed here"; exit 1; }
     # The package's files and, for -dev packages, the shared libraries they link to.
     dpkg -L "$p" | while read -r f; do
       [[ -f $f && $f == /usr/* ]] || continue
       case $f in /usr/share/doc/*|/usr/share/man/*|/usr/share/lintian/*) continue ;; esac
+      if [[ $f == /usr/include/boost/* ]] && ! grep -qxF "$f" <<<"$boost_headers"; then continue; fi
       mkdir -p "$deps$(dirname "$f")"
       cp -a "$f" "$deps$f"
     done
@@ -69,43 +115,137 @@ prepare() {
     real=$(readlink -f "/usr/lib/$(basename "$(dirname "$l")")/$(basename "$l")") || continue
     [[ -f $real ]] && cp -a "$real" "$deps${real}"
   done
+  # pkg-config itself (CMake's FindPkgConfig finds xxhash with it; the GPU image may have none).
+  mkdir -p "$deps/usr/bin" "$deps/usr/lib/x86_64-linux-gnu"
+  cp "$(readlink -f /usr/bin/pkgconf)" "$deps/usr/bin/pkgconf"
+  cp "$(readlink -f /usr/lib/x86_64-linux-gnu/libpkgconf.so.3)" "$deps/usr/lib/x86_64-linux-gnu/libpkgconf.so.3"
   # pkg-config files name /usr as their prefix.
   find "$deps" -name '*.pc' -exec sed -i "s|^prefix=/usr|prefix=\${pcfiledir}/../../..|" {} +
   log "prepare: $(du -sh "$deps" | cut -f1) in $deps (carry it with the working tree)"
 }
 
-configure() {
-  local torch_prefix
-  torch_prefix=${TORCH_PREFIX:-$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')}
-  export PKG_CONFIG_PATH=$(find "$deps" -type d -name pkgconfig | tr '\n' ':')${PKG_CONFIG_PATH:-}
+configure() {  # configure [with_torch]: the no-JIT build; with LibTorch (the PyTorch's) when asked
+  local torch_args=(-DLUNAJIT_WITH_TORCH=OFF) prefix="$deps/usr"
+  if [[ ${1:-} == with_torch ]]; then
+    local torch_prefix
+    torch_prefix=${TORCH_PREFIX:-$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')}
+    torch_args=(-DLUNAJIT_WITH_TORCH=ON "-DLUNAJIT_PYTHON=$(command -v python3)")
+    prefix="$prefix;$torch_prefix"
+  fi
+  local extra=()
+  command -v pkg-config >/dev/null || extra+=("-DPKG_CONFIG_EXECUTABLE=$deps/usr/bin/pkgconf")
+  local nvcc
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [[ -x $nvcc ]] && extra+=("-DCMAKE_CUDA_COMPILER=$nvcc")
+  # fmt header-only: the PyTorch's LibTorch ships its own fmt headers, which can
+  # come before the carried ones in a LibTorch translation unit; header-only
+  # code links to no libfmt, so the two versions cannot mismatch at link time.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUNAJIT_HOST_JIT=OFF \
-    -DLUNAJIT_WITH_TORCH=ON -DCMAKE_PREFIX_PATH="$deps/usr;$torch_prefix" "$@"
+    -DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY "${torch_args[@]}" "${extra[@]}" -DCMAKE_PREFIX_PATH="$prefix"
+}
+
+# Every kernel the GPU runs against the double reference: `lunajit run --check`
+# forward and backward, several specs in parallel (each its own process).
+checks() {
+  local specs=(
+    '{"family":"luna","dtype":"bf16","causal":false}' '{"family":"luna","dtype":"bf16","causal":true}'
+    '{"family":"luna","dtype":"fp16","causal":false}' '{"family":"luna","dtype":"fp16","causal":true}'
+    '{"family":"luna","dtype":"fp32","causal":false}' '{"family":"luna","dtype":"fp32","causal":true}'
+    '{"family":"elu","dtype":"bf16","causal":true}' '{"family":"performer","dtype":"bf16","causal":false}'
+    '{"family":"performer","dtype":"bf16","causal":true}' '{"family":"hedgehog","dtype":"bf16","causal":true}'
+    '{"family":"cosformer","dtype":"bf16","causal":true}' '{"family":"slay","dtype":"bf16","causal":false}'
+    '{"family":"t2r","dtype":"bf16","causal":true}' '{"family":"rff","dtype":"fp32","causal":false}')
+  local jobs=() spec pass
+  for spec in "${specs[@]}"; do
+    for pass in "" --backward; do jobs+=("$spec|$pass|--batch 2 --heads 3 --seq 300"); done
+  done
+  # Long causal walks (16 ranges of 16 chunks) and a length that is no multiple of any tile.
+  jobs+=('{"family":"luna","dtype":"bf16","causal":true}|--backward|--batch 1 --heads 2 --seq 4097')
+  jobs+=('{"family":"luna","dtype":"bf16","causal":true}||--batch 1 --heads 2 --seq 4097')
+  printf '%s\n' "${jobs[@]}" | xargs -P 8 -I{} -d '\n' bash -c '
+    IFS="|" read -r spec pass shape <<<"$1"
+    log=$(mktemp)
+    if "$2" run "$spec" --backend "${GPU_CHECK_BACKEND:-cuda}" --check $pass $shape >"$log" 2>&1; then r=PASS; else r=FAIL; fi
+    { echo "$r $spec $pass $shape"; sed "s/^/    /" "$log"; } >"$log.done"
+    cat "$log.done"; rm -f "$log" "$log.done"' _ {} "$build/apps/lunajit" >"$work/checks.txt"
+  ! grep -q '^FAIL' "$work/checks.txt" && grep -q '^PASS' "$work/checks.txt"
+}
+
+# Compute-sanitizer on the default spec's kernels at a small size (memcheck,
+# racecheck: the device-side counterpart of the host emulator's sanitizer).
+sanitize() {
+  local cs
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  [[ -x $cs ]] || { echo "no compute-sanitizer"; return 1; }
+  local rc=0 spec tool pass
+  for spec in '{"family":"luna","dtype":"bf16","causal":true}' '{"family":"luna","dtype":"bf16","causal":false}'; do
+    for pass in --backward ""; do
+      for tool in racecheck memcheck; do
+        echo "== $tool $spec $pass"
+        "$cs" --tool "$tool" --error-exitcode 9 "$build/apps/lunajit" run "$spec" --backend cuda $pass \
+          --batch 1 --heads 2 --seq 130 || rc=1
+      done
+    done
+  done
+  return $rc
 }
 
 run_gpu() {
-  command -v nvidia-smi >/dev/null && nvidia-smi -L >"$out/device.txt" 2>&1 || true
   [[ -d $deps ]] || { log "no $deps: run 'bench/gpu_check.sh prepare' on the development machine and carry it"; exit 1; }
+  work=${GPU_CHECK_WORK:-/tmp/gpu-check-work}
+  rm -rf "$work"
+  mkdir -p "$work" "$out"
+  : >"$work/stages.jsonl"
+  { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; nproc;
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; c++ --version | head -1;
+    cmake --version | head -1; } >"$work/device.txt" 2>&1 || true
   export LD_LIBRARY_PATH=$(find "$deps" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}
-  export LUNAJIT_CACHE_DIR=$out/kernel-cache
+  # The kernel cache must be a directory only this user can write (the cache refuses others).
+  export LUNAJIT_CACHE_DIR=$work/kernel-cache
+  export root build deps work
+  export -f log configure checks sanitize
+  mkdir -p -m 700 "$LUNAJIT_CACHE_DIR"
   failed=0
-  stage configure 90 configure
-  stage build 240 cmake --build "$build" --target lunajit nvrtc_tests torch_binding_tests lunajit_torch_shared decode_bench attention_bench -j "$(nproc)"
-  stage gpu_tests 60 "$build/tests/runtime_nvrtc/nvrtc_tests" --gtest_filter='*Cuda*:*Gpu*' --gtest_brief=1
-  stage torch_gpu_tests 60 "$build/tests/torch_binding/torch_binding_tests" --gtest_filter='*Gpu*' --gtest_brief=1
-  stage tune 60 "$build/apps/lunajit" tune --backend cuda --shapes 8,12,16384 --json
-  # Per-token decode latency (issue 14) at batch 1 and 64, and the full causal
-  # forward over the same prefixes at batch 1 for comparison.
+  local with_torch=1
+  stage configure 90 configure with_torch
+  if ! grep -q '"configure", "ok": true' "$work/stages.jsonl"; then
+    with_torch=0
+    rm -rf "$build"
+    stage configure_without_torch 60 configure
+  fi
+  grep -q 'LUNAJIT_TORCH_CUDA:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null || with_torch=0
+  local first=(lunajit nvrtc_tests) later=(decode_bench)
+  ((with_torch)) && first+=(lunajit_torch_shared) && later+=(torch_binding_tests attention_bench)
+  stage build 240 cmake --build "$build" --target "${first[@]}" -- -k 0
+  # The rest builds behind the GPU stages (separate targets; ninja is not run twice at once).
+  (nice cmake --build "$build" --target "${later[@]}" -- -k 0 >"$work/build_later.log" 2>&1; echo "exit $?" >>"$work/build_later.log") &
+  local later_pid=$!
+  local arch
+  arch=$(python3 -c 'import torch; c=torch.cuda.get_device_capability(); print(f"sm_{c[0]}{c[1]}")' 2>/dev/null || echo sm_90)
+  stage checks 90 checks
+  if ((with_torch)); then
+    stage bench 150 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" --out "$work" --seqs 1024,4096,16384
+  else
+    stage bench_sdpa_only 100 python3 "$root/bench/gpu_bench.py" --out "$work" --seqs 1024,4096,16384 --no-lunajit
+  fi
+  stage report 75 "$build/apps/lunajit" report --arch "$arch" --shapes "8,12,4096;8,12,16384" --causal both --out "$work/report"
+  stage gpu_tests 45 "$build/tests/runtime_nvrtc/nvrtc_tests" --gtest_filter='*Cuda*:*Gpu*' --gtest_brief=1
+  stage sanitizer 90 sanitize
+  stage tune 60 "$build/apps/lunajit" tune --backend cuda --shapes 8,12,16384 --json --quiet
+  if ((with_torch)); then
+    stage wait_build_later 60 bash -c "while kill -0 $later_pid 2>/dev/null; do sleep 1; done; grep -q 'exit 0' '$work/build_later.log'"
+    stage torch_gpu_tests 60 "$build/tests/torch_binding/torch_binding_tests" --gtest_filter='*Gpu*' --gtest_brief=1
+    stage bench_64k 90 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" --out "$work/bench_64k" \
+      --seqs 65536 --repeats 3
+    stage cpp_bench 90 "$build/bench/attention_bench" --benchmark_out="$work/attention_bench.json" \
+      --benchmark_out_format=json --benchmark_min_time=0.05
+  fi
   stage decode 30 env LUNAJIT_BACKEND=cuda "$build/bench/decode_bench" \
     --benchmark_filter='BM_DecodeStep/[0-9]+/(1|64)$|BM_FullCausalForwardOverPrefix/[0-9]+/1$' \
-    --benchmark_out="$out/decode_bench.json" --benchmark_out_format=json
-  stage bench 150 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" --out "$out"
-  # The same comparison from C++ (Google Benchmark, no Python in the timed loop).
-  stage cpp_bench 120 "$build/bench/attention_bench" --benchmark_out="$out/attention_bench.json" \
-    --benchmark_out_format=json
-  stage report 40 "$build/apps/lunajit" report --arch "$(python3 -c 'import torch; c=torch.cuda.get_device_capability(); print(f"sm_{c[0]}{c[1]}")')" \
-    --shapes "8,12,16384" --causal both --out "$out/report"
-  [[ -f $out/tune.log ]] && cp "$out/tune.log" "$out/tune.json"
-  log "results in $out (gpu_bench.md, gpu_bench.json, report/, stages.jsonl)"
+    --benchmark_out="$work/decode_bench.json" --benchmark_out_format=json
+  kill "$later_pid" 2>/dev/null || true
+  pack
+  log "results in $out (summary.md, results.tar.gz: logs, gpu_bench.md/json, checks.txt, report/, stages.jsonl)"
   return $failed
 }
 
@@ -132,7 +272,7 @@ dry_run() {
 
 case ${1:-} in
   prepare) prepare ;;
-  run) mkdir -p "$out"; : >"$out/stages.jsonl"; run_gpu ;;
+  run) run_gpu ;;
   --dry-run) dry_run ;;
   *) echo "usage: bench/gpu_check.sh prepare | run | --dry-run" >&2; exit 2 ;;
 esac
