@@ -14,6 +14,7 @@
 // shape and what the spec expects.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace CLI {
