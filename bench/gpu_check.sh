@@ -110,11 +110,17 @@ prepare() {
     done
   done
   # Runtime libraries behind the .so links (libfmt.so.9, libboost_context.so.1.74.0, ...).
+  # Every libX.so.* beside a carried libX.so: the real file and the soname link
+  # (libbenchmark.so.1debian, libfmt.so.9, ...), which the loader looks for.
   for l in "$deps"/usr/lib/*/*.so; do
-    local real
-    real=$(readlink -f "/usr/lib/$(basename "$(dirname "$l")")/$(basename "$l")") || continue
-    [[ -f $real ]] && cp -a "$real" "$deps${real}"
+    local dir=/usr/lib/$(basename "$(dirname "$l")") f
+    for f in "$dir/$(basename "$l")".*; do
+      [[ -e $f ]] && cp -a "$f" "$deps$dir/"
+    done
   done
+  # zlib is there for linking only: at run time the image's own libz.so.1 (which
+  # the Python interpreter also loads) must win over the carried one.
+  rm -f "$deps"/usr/lib/*/libz.so.1
   # pkg-config itself (CMake's FindPkgConfig finds xxhash with it; the GPU image may have none).
   mkdir -p "$deps/usr/bin" "$deps/usr/lib/x86_64-linux-gnu"
   cp "$(readlink -f /usr/bin/pkgconf)" "$deps/usr/bin/pkgconf"
@@ -190,6 +196,33 @@ sanitize() {
   return $rc
 }
 
+# Why the Python path fails, when it does: each step alone, then the failing
+# one under cuda-gdb (which debugs host code there) for a native backtrace.
+diag_python() {
+  export PYTHONFAULTHANDLER=1 PYTHONUNBUFFERED=1 PYTHONPATH=$build/python
+  cat >"$work/repro.py" <<'EOF'
+import torch
+print("torch", torch.__version__, torch.cuda.is_available(), flush=True)
+import lunajit
+print("lunajit imported", flush=True)
+spec = lunajit.make_spec(family="luna", causal=True, dtype="bf16")
+params = lunajit.init_feature_params(spec, 2).cuda()
+print("params", params.shape, flush=True)
+q, k, v = (torch.randn(1, 130, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+o = lunajit.linear_attention(q, k, v, spec=spec, params=params, path="aten")
+print("aten ok", flush=True)
+o2 = lunajit.linear_attention(q, k, v, spec=spec, params=params, path="cuda_kernels")
+torch.cuda.synchronize()
+print("cuda_kernels ok, rel diff", ((o2.float() - o.float()).norm() / o.float().norm()).item(), flush=True)
+EOF
+  if python3 "$work/repro.py"; then return 0; fi
+  echo "== the same under cuda-gdb"
+  local gdb
+  gdb=$(command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
+  "$gdb" -q -batch -ex run -ex bt -ex 'info sharedlibrary' --args python3 "$work/repro.py" 2>&1 | grep -v '^\[New Thread\|^\[Thread'
+  return 1
+}
+
 run_gpu() {
   [[ -d $deps ]] || { log "no $deps: run 'bench/gpu_check.sh prepare' on the development machine and carry it"; exit 1; }
   work=${GPU_CHECK_WORK:-/tmp/gpu-check-work}
@@ -203,7 +236,7 @@ run_gpu() {
   # The kernel cache must be a directory only this user can write (the cache refuses others).
   export LUNAJIT_CACHE_DIR=$work/kernel-cache
   export root build deps work
-  export -f log configure checks sanitize
+  export -f log configure checks sanitize diag_python
   mkdir -p -m 700 "$LUNAJIT_CACHE_DIR"
   failed=0
   local with_torch=1
@@ -215,7 +248,7 @@ run_gpu() {
   fi
   grep -q 'LUNAJIT_TORCH_CUDA:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null || with_torch=0
   local first=(lunajit nvrtc_tests) later=(decode_bench)
-  ((with_torch)) && first+=(lunajit_torch_shared) && later+=(torch_binding_tests attention_bench)
+  ((with_torch)) && first+=(lunajit_torch_shared torch_binding_tests) && later+=(attention_bench)
   stage build 240 cmake --build "$build" --target "${first[@]}" -- -k 0
   # The rest builds behind the GPU stages (separate targets; ninja is not run twice at once).
   (nice cmake --build "$build" --target "${later[@]}" -- -k 0 >"$work/build_later.log" 2>&1; echo "exit $?" >>"$work/build_later.log") &
@@ -223,20 +256,27 @@ run_gpu() {
   local arch
   arch=$(python3 -c 'import torch; c=torch.cuda.get_device_capability(); print(f"sm_{c[0]}{c[1]}")' 2>/dev/null || echo sm_90)
   stage checks 90 checks
+  local py_ok=0
   if ((with_torch)); then
+    stage diag_python 75 diag_python
+    grep -q '"diag_python", "ok": true' "$work/stages.jsonl" && py_ok=1
+  fi
+  if ((py_ok)); then
     stage bench 150 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" --out "$work" --seqs 1024,4096,16384
   else
-    stage bench_sdpa_only 100 python3 "$root/bench/gpu_bench.py" --out "$work" --seqs 1024,4096,16384 --no-lunajit
+    stage bench_sdpa_only 60 python3 "$root/bench/gpu_bench.py" --out "$work" --seqs 1024,4096,16384 --no-lunajit
   fi
   stage report 75 "$build/apps/lunajit" report --arch "$arch" --shapes "8,12,4096;8,12,16384" --causal both --out "$work/report"
   stage gpu_tests 45 "$build/tests/runtime_nvrtc/nvrtc_tests" --gtest_filter='*Cuda*:*Gpu*' --gtest_brief=1
   stage sanitizer 90 sanitize
+  if ((with_torch)); then  # unbuffered: a test killed at the limit still shows how far it got
+    stage torch_gpu_tests 75 stdbuf -o0 -e0 "$build/tests/torch_binding/torch_binding_tests" --gtest_filter='*Gpu*'
+  fi
   stage tune 60 "$build/apps/lunajit" tune --backend cuda --shapes 8,12,16384 --json --quiet
   if ((with_torch)); then
     stage wait_build_later 60 bash -c "while kill -0 $later_pid 2>/dev/null; do sleep 1; done; grep -q 'exit 0' '$work/build_later.log'"
-    stage torch_gpu_tests 60 "$build/tests/torch_binding/torch_binding_tests" --gtest_filter='*Gpu*' --gtest_brief=1
-    stage bench_64k 90 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" --out "$work/bench_64k" \
-      --seqs 65536 --repeats 3
+    ((py_ok)) && stage bench_64k 90 env PYTHONPATH="$build/python" python3 "$root/bench/gpu_bench.py" \
+      --out "$work/bench_64k" --seqs 65536 --repeats 3
     stage cpp_bench 90 "$build/bench/attention_bench" --benchmark_out="$work/attention_bench.json" \
       --benchmark_out_format=json --benchmark_min_time=0.05
   fi
