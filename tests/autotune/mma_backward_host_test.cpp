@@ -128,7 +128,9 @@ INSTANTIATE_TEST_SUITE_P(Families, MmaBackwardHost,
                                            Case{"luna_causal", Family::luna, true, true, DType::bf16, true},
                                            Case{"luna_causal_unnormalized", Family::luna, false, false,
                                                 DType::bf16, true},
-                                           Case{"elu_causal", Family::elu, true, false, DType::bf16, true},
+                                           // elu's causal mma backward is refused (wrong dq on an H200,
+                                           // MmaBackwardConfig below); relu walks the same non-learned path.
+                                           Case{"relu_causal", Family::relu, true, false, DType::bf16, true},
                                            Case{"luna_causal_fp16", Family::luna, true, false, DType::fp16, true}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
@@ -496,6 +498,20 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
   causal_performer.causal = true;
   causal_performer.dtype = DType::bf16;
   rejects(causal_performer, causal_on, "causal performer");
+  // elu's causal backward on tensor cores gave wrong dq on an H200 (measured
+  // 2026-12-04, the emulator passes it): refused for bf16 and fp16, so the
+  // search space and the default hold only the scalar kernels for it.
+  for (DType dt : {DType::bf16, DType::fp16}) {
+    AttentionSpec elu_causal = default_spec(Family::elu);
+    elu_causal.causal = true;
+    elu_causal.dtype = dt;
+    rejects(elu_causal, causal_on, "elu causal backward");
+    EXPECT_FALSE(default_config(elu_causal, sm90(), Pass::backward).mma());
+    for (const TileConfig& c : search_space(elu_causal, Pass::backward, sm90())) EXPECT_FALSE(c.mma()) << c.to_string();
+    AttentionSpec elu_noncausal = elu_causal;
+    elu_noncausal.causal = false;  // passed on the H200: stays
+    EXPECT_TRUE(default_config(elu_noncausal, sm90(), Pass::backward).mma());
+  }
   AttentionSpec fp16 = spec;
   fp16.dtype = DType::fp16;
   EXPECT_TRUE(can_implement(fp16, on, sm90(), Pass::backward));  // bf16 operands, V split
