@@ -64,8 +64,6 @@ TensorRef tensor_ref(const Buffer& buf, const ProblemShape& s, int dim) {
 Result<std::map<std::string, KernelTiming>> measure_pass(CudaBackend& gpu, const AttentionSpec& spec,
                                                          const TileConfig& config, Pass pass,
                                                          const ProblemShape& shape, int repeats) {
-  if (pass == Pass::backward)
-    return Error::invalid("measuring the backward pass is not implemented yet (its arguments differ)");
   auto src = generate(spec, config, pass);
   if (!src) return src.error();
   auto plan = plan_launches(spec, config, pass, shape);
@@ -88,11 +86,45 @@ Result<std::map<std::string, KernelTiming>> measure_pass(CudaBackend& gpu, const
   auto ws = zeros(gpu, size_t(plan->workspace_floats) * 4);
   for (auto* r : {&q, &k, &v, &p, &o, &ws})
     if (!*r) return r->error();
+  // The backward's own tensors: the upstream gradient (random; o stays zero:
+  // only the causal performer reads it), dq, dk, dv and the fp32 parameter
+  // gradient. Each kernel is timed alone, repeated: the in-place scans then
+  // scan their own output again, which changes values, not the work.
+  const bool backward = pass == Pass::backward;
+  const size_t qk_bytes = size_t(tokens) * spec.head_dim * dtype_bytes(spec.dtype);
+  const size_t v_bytes = size_t(tokens) * spec.value_dim * dtype_bytes(spec.dtype);
+  auto dout = backward ? upload(gpu, random_tensor(tokens * spec.value_dim, spec.dtype, 4).data(), v_bytes)
+                       : zeros(gpu, 4);
+  auto dq = zeros(gpu, backward ? qk_bytes : 4);
+  auto dk = zeros(gpu, backward ? qk_bytes : 4);
+  auto dv = zeros(gpu, backward ? v_bytes : 4);
+  auto dp = zeros(gpu, backward ? params.size() * sizeof(float) : 4);
+  for (auto* r : {&dout, &dq, &dk, &dv, &dp})
+    if (!*r) return r->error();
+  auto mutable_ref = [](const Buffer& buf, const ProblemShape& s, int dim) {
+    const TensorRef t = tensor_ref(buf, s, dim);
+    return MutableTensorRef{buf.as_pointer(), t.stride_batch, t.stride_seq, t.stride_head};
+  };
 
   ForwardArgs fa{};
   FeatureMapArgs ma{};
+  BackwardArgs ba{};
   void* args[1];
-  if (pass == Pass::feature_map) {
+  if (backward) {
+    ba.problem = {shape.batch, shape.heads, shape.seq};
+    ba.q = tensor_ref(*q, shape, spec.head_dim);
+    ba.k = tensor_ref(*k, shape, spec.head_dim);
+    ba.v = tensor_ref(*v, shape, spec.value_dim);
+    ba.o = tensor_ref(*o, shape, spec.value_dim);
+    ba.dout = tensor_ref(*dout, shape, spec.value_dim);
+    ba.dq = mutable_ref(*dq, shape, spec.head_dim);
+    ba.dk = mutable_ref(*dk, shape, spec.head_dim);
+    ba.dv = mutable_ref(*dv, shape, spec.value_dim);
+    ba.params = static_cast<const float*>(p->as_pointer());
+    ba.dparams = static_cast<float*>(dp->as_pointer());
+    ba.workspace = static_cast<float*>(ws->as_pointer());
+    args[0] = &ba;
+  } else if (pass == Pass::feature_map) {
     ma.problem = {shape.batch, shape.heads, shape.seq};
     ma.x = tensor_ref(*k, shape, spec.head_dim);
     ma.phi = static_cast<float*>(o->as_pointer());

@@ -23,9 +23,11 @@ struct KernelTiming {
   int repeats = 0;
 };
 
-// Times every kernel of (spec, config, pass) at `shape` on `gpu`, keyed by role.
-// Pass::feature_map maps keys (is_query = 0). Error when the pass cannot be
-// generated, loaded or launched.
+// Times every kernel of (spec, config, pass) at `shape` on `gpu`, keyed by role:
+// the whole pass once (warm-up), then each kernel alone, `repeats` times.
+// Pass::feature_map maps keys (is_query = 0); Pass::backward runs on random
+// q, k, v, dout and a zero o. Error when the pass cannot be generated, loaded
+// or launched.
 Result<std::map<std::string, KernelTiming>> measure_pass(CudaBackend& gpu, const AttentionSpec& spec,
                                                          const TileConfig& config, Pass pass,
                                                          const ProblemShape& shape, int repeats);
