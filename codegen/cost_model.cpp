@@ -283,6 +283,8 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
   const double jsfu = JQ.counted ? JQ.sfu : 2 * sfu_row;  // queries and keys alike
   const double part = D * dv + D;           // floats of one split partial of (S, z) or (dS, dz)
   const double partials = 4 * BH * splits * part;
+  // The non-causal readers' state: partial 0, summed once by the reduce kernels.
+  const double state_read = 4 * BH * part;
   const double norm = s.normalize ? 1 : 0;
   const double den_row = norm * (2 * D + 1);     // phi(q) . z + eps
   // g = dO / den and r = -(phi(q) . p) / den from the dq kernels' own fp32
@@ -294,16 +296,16 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
   k.role = std::string(role);
   Split sp;
   if (role == "dstate") {
-    k.bytes = BH * N * ((d + dv) * e + 4 * norm) + 4 * BH * splits * D + partials + params;  // q, dO, r
-    k.flops = BH * splits * splits * D + BH * N * (Fq + den_row + grad_row) + 2 * BH * N * D * dv + 2 * BH * N * D;
+    k.bytes = BH * N * ((d + dv) * e + 4 * norm) + 4 * BH * D + partials + params;  // q, dO, r; z; (dS, dz)
+    k.flops = BH * N * (Fq + den_row + grad_row) + 2 * BH * N * D * dv + 2 * BH * N * D;
     sp.fm = BH * N * Fq;
     // mma: Phi_q^T [G | r] (three split terms); den on CUDA cores.
     sp.product = BH * N * ((tensor ? 0 : den_row) + 2 * D * dv + 2 * D);
     sp.tc_terms = 3;
     sp.sfu = BH * N * (sfu_row + norm * (dv + 1));
   } else if (role == "dq") {
-    k.bytes = BH * N * ((2 * d + dv) * e + 4 * norm) + partials + params + (learned ? 4 * P * BH * nt : 0);
-    k.flops = nt * BH * splits * part + BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
+    k.bytes = BH * N * ((2 * d + dv) * e + 4 * norm) + state_read + params + (learned ? 4 * P * BH * nt : 0);
+    k.flops = BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
     sp.fm = BH * N * (Fq + (jt_tc ? 0 : Jq));
     sp.jt_tc = jt_tc ? BH * N * JQ.tc_flops : 0;
     sp.jt_wave = jt_tc ? BH * N * JQ.wavefronts : 0;
@@ -312,8 +314,8 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.tc_terms = 3;
     sp.sfu = BH * N * (sfu_row + jsfu + norm * (dv + 1));
   } else if (role == "dkv") {
-    k.bytes = BH * N * (2 * d + 2 * dv) * e + partials + params + stab_read + (learned ? 4 * P * BH * nt : 0);
-    k.flops = nt * BH * splits * part + BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
+    k.bytes = BH * N * (2 * d + 2 * dv) * e + state_read + params + stab_read + (learned ? 4 * P * BH * nt : 0);
+    k.flops = BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
     sp.fm = BH * N * (Fk + (jt_tc ? 0 : Jk));
     sp.jt_tc = jt_tc ? BH * N * JK.tc_flops : 0;
     sp.jt_wave = jt_tc ? BH * N * JK.wavefronts : 0;
@@ -322,6 +324,10 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // fp16 I/O (V split into bf16 hi + lo).
     sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2.5;
     sp.sfu = BH * N * (sfu_row + jsfu);
+  } else if (role == "dstate_reduce") {
+    // As the forward's state_reduce: the (dS, dz) partials read, their sum written.
+    k.bytes = partials + state_read;
+    k.flops = BH * splits * part;
   } else if (role == "state_scan" || role == "dstate_scan") {
     // Each thread walks one entry of (S, z) or (dS, dz) through the range
     // partials (read and written once), loads 8 ranges ahead.
@@ -459,7 +465,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
   if (auto st = validate(shape); !st) return st.error();
   const bool backward_role = role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
                              role == "causal_dkv" || role == "param_reduce" || role == "state_scan" ||
-                             role == "dstate_scan";
+                             role == "dstate_scan" || role == "dstate_reduce";
   const bool forward_only_role = role == "feature_map" || role == "output" || role == "causal_chunk";
   if (backward_role && pass != Pass::backward)
     return Error::invalid(fmt::format("{}: a backward kernel (pass = backward)", role));
@@ -477,6 +483,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
   const double sfu_row = feature_map_sfu_per_token(s);
   const double norm = s.normalize ? 1 : 0;
   const double partials = 4 * BH * splits * (D * dv + D);
+  const double state_read = 4 * BH * (D * dv + D);  // partial 0 (the reduced state when splits > 1)
   KernelCounts k;
   k.role = std::string(role);
   Split sp;
@@ -490,6 +497,10 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     k.bytes = BH * N * d * e + 4 * BH + params;
     k.flops = BH * N * (performer_log_flops(s) + D);
     sp.fm = k.flops;
+  } else if (role == "state_reduce") {
+    // One thread per entry of (S, z): the partials read, their sum written over partial 0.
+    k.bytes = partials + state_read;
+    k.flops = BH * splits * (D * dv + D);
   } else if (role == "state") {
     k.bytes = BH * N * (d + dv) * e + partials + params + stab_read;
     k.flops = nd * BH * N * Fk + 2 * BH * N * D * dv + BH * N * D;
@@ -501,9 +512,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     // mma: the forward's K and V stream through a two-stage cp.async pipeline (mma_state_pipelined).
     if (tensor && mma_state_pipelined(d, pass == Pass::backward)) k.pipeline_stages = 2;
   } else if (role == "output") {
-    const double nt = ceil_div(N, c.block_tokens());
-    k.bytes = BH * N * (d + dv) * e + partials + params;
-    k.flops = nd * BH * N * Fq + 2 * BH * N * D * dv + nt * BH * splits * (D * dv + nd * D);
+    k.bytes = BH * N * (d + dv) * e + state_read + params;
+    k.flops = nd * BH * N * Fq + 2 * BH * N * D * dv;
     if (s.normalize) k.flops += nd * BH * N * (2 * D + 1) + BH * N * dv;
     sp.fm = nd * BH * N * Fq;
     sp.product = 2 * BH * N * D * dv + norm * nd * BH * N * (2 * D + 1);
@@ -539,8 +549,8 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     }
   } else {
     return Error::invalid(fmt::format("kernel = {}: no cost formula (known: feature_map, key_stab, state, output, "
-                                      "causal_chunk, dstate, dq, dkv, causal_dq, causal_dkv, state_scan, dstate_scan, "
-                                      "param_reduce)",
+                                      "causal_chunk, state_reduce, dstate, dstate_reduce, dq, dkv, causal_dq, "
+                                      "causal_dkv, state_scan, dstate_scan, param_reduce)",
                                       role));
   }
   const bool tc_phi = role != "feature_map" && role != "key_stab" && feature_map_on_tensor_cores(s, c, pass);

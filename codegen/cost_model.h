@@ -146,10 +146,13 @@
 //                 flops = BH N (2d + 3 + D(2d + 2)) + BH N D (max)   (performer only)
 //   state         bytes = BH N (d + dv) e + 4 BH s (D dv + D) + 4 P Hp
 //                 flops = nd BH N Fk + 2 BH N D dv (S) + BH N D (z)
-//   output        bytes = BH N d e + BH N dv e + 4 BH s (D dv + D) + 4 P Hp
+//   state_reduce  (s > 1) bytes = 4 BH s (D dv + D) (partials read) + 4 BH (D dv + D) (sum written)
+//                 flops = BH s (D dv + D)
+//   output        bytes = BH N d e + BH N dv e + 4 BH (D dv + D) (the state: partial 0) + 4 P Hp
 //                 flops = nd BH N Fq + 2 BH N D dv (numerator)
 //                         + normalize: nd BH N (2D + 1) (den) + BH N dv (divide)
-//                         + nt BH s (D dv + nd D) (split partials summed per query tile)
+//                 (every query tile reads the one reduced state; before state_reduce
+//                 each tile summed the s partials itself: + nt BH s (D dv + nd D) flops)
 //   causal_chunk  bytes = BH N (2d + 2dv) e + 4 P Hp   (q, k, v read, o written)
 //                 flops = nd BH N (Fq + Fk)
 //                         + per chunk of c tokens and dv block of w columns:
@@ -170,9 +173,10 @@
 //     den row  nrm (2D + 1)      phi(q) . z + eps
 //     grad row nrm (dv + 2D + 2) g = dO / den, r = -(phi(q) . p) / den (dot, negate, divide) from
 //                                the dq kernels' fp32 product p (query_r), not from the stored o
-//   Workspace traffic: the (S, z) partials are written by state, their z part read
-//   by dstate, all of them read by dq; the (dS, dz) partials written by dstate,
-//   read by dkv; den (causal, normalized: 4 BH N) written by causal_dq, read by
+//   Workspace traffic: the (S, z) partials are written by state and summed into
+//   partial 0 by state_reduce (s > 1), whose z part dstate reads and whose
+//   whole dq reads; the (dS, dz) partials written by dstate, summed by
+//   dstate_reduce, read by dkv; den (causal, normalized: 4 BH N) written by causal_dq, read by
 //   causal_dkv; r (normalized: 4 BH N) written by dq / causal_dq, read by dstate /
 //   causal_dkv (o itself is read only by the causal performer: o row = dv for it,
 //   else 0); one parameter slot of 4 P bytes per block that maps dphi back
@@ -181,18 +185,16 @@
 //   dq, dk, dv are written once.
 //   key_stab      as the forward (performer only)
 //   state         as the forward (the backward's state pass is the forward's, grid with nd)
-//   dstate        bytes = BH N ((d + dv) e + 4 nrm) (q, dout, r) + 4 BH s D (z partials) + 4 BH s (D dv + D)
+//   state_reduce, dstate_reduce (s > 1) as the forward's state_reduce
+//   dstate        bytes = BH N ((d + dv) e + 4 nrm) (q, dout, r) + 4 BH D (z) + 4 BH s (D dv + D)
 //                         (dS, dz partials written) + 4 P Hp
-//                 flops = BH s^2 D (each of the s blocks sums the s z partials)
-//                         + BH N (Fq + den row + grad row) + 2 BH N D dv (dS) + 2 BH N D (dz)
-//   dq            bytes = BH N ((2d + dv) e + 4 nrm) (q, dout read, dq, r written) + 4 BH s (D dv + D)
-//                         + 4 P Hp + 4 Pl BH nt (slots)
-//                 flops = nt BH s (D dv + D) (split partials summed per tile)
-//                         + BH N (Fq + den row + grad row + D (2dv + nrm) (dphi = S g + z r) + Jq)
-//   dkv           bytes = BH N (2d + 2dv) e (k, v read, dk, dv written) + 4 BH s (D dv + D)
+//                 flops = BH N (Fq + den row + grad row) + 2 BH N D dv (dS) + 2 BH N D (dz)
+//   dq            bytes = BH N ((2d + dv) e + 4 nrm) (q, dout read, dq, r written) + 4 BH (D dv + D)
+//                         (the state) + 4 P Hp + 4 Pl BH nt (slots)
+//                 flops = BH N (Fq + den row + grad row + D (2dv + nrm) (dphi = S g + z r) + Jq)
+//   dkv           bytes = BH N (2d + 2dv) e (k, v read, dk, dv written) + 4 BH (D dv + D)
 //                         + 4 P Hp + 4 Pl BH nt [+ 4 BH key_stab read]
-//                 flops = nt BH s (D dv + D) + BH N (Fk + 2 D dv (dphi = dS v + dz)
-//                         + 2 D dv (dv = dS^T phi(k)) + Jk)
+//                 flops = BH N (Fk + 2 D dv (dphi = dS v + dz) + 2 D dv (dv = dS^T phi(k)) + Jk)
 //   causal_dq     bytes = BH N (3d + 2dv + o row) e (q, k, v, dout read, dq written) + nrm 8 BH N
 //                         (den, r written) + 4 P Hp + 4 Pl BH [+ 4 BH key_stab read]
 //                 flops = BH * sum over chunks of c tokens (tri = c(c+1)/2, full dv):
@@ -325,9 +327,10 @@ bool feature_map_on_tensor_cores(const AttentionSpec& spec, const TileConfig& co
 double feature_map_flops_per_token(const AttentionSpec& spec, bool is_query);
 
 // The counts of the kernel with `role` of `pass` (feature_map: "feature_map",
-// "key_stab"; forward: "key_stab", "state", "output", "causal_chunk";
-// backward: "key_stab", "state", "dstate", "dq", "dkv", "causal_dq",
-// "causal_dkv", "param_reduce") for one launch at `shape`; the launch fields
+// "key_stab"; forward: "key_stab", "state", "state_reduce", "output",
+// "causal_chunk"; backward: "key_stab", "state", "state_reduce", "dstate",
+// "dstate_reduce", "dq", "dkv", "causal_dq", "causal_dkv", "state_scan",
+// "dstate_scan", "param_reduce") for one launch at `shape`; the launch fields
 // keep their defaults. Error for a role the pass has no such kernel for
 // (key_stab off performer, param_reduce for a family without learned
 // parameters, an unknown role). The backward FLOPs include one estimated

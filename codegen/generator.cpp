@@ -23,13 +23,15 @@ std::string_view pass_summary(const AttentionSpec& s, const TileConfig& c, Pass 
   switch (p) {
     case Pass::feature_map: return "feature map alone: phi(x) written as fp32";
     case Pass::forward:
-      return s.causal ? "causal forward, fused chunks (causal_chunk_kernel)"
-                      : "non-causal forward, state pass + output pass";
+      if (s.causal) return "causal forward, fused chunks (causal_chunk_kernel)";
+      return c.state_splits() > 1 ? "non-causal forward, state pass, its partials reduced, output pass"
+                                  : "non-causal forward, state pass + output pass";
     case Pass::backward:
       if (s.causal && c.mma())
         return "causal backward, super-chunk walks: range states and their prefix, dq walks, suffix, dk and dv walks";
-      return s.causal ? "causal backward: forward scan for dq, reverse scan for dk, dv"
-                      : "non-causal backward: state, dstate, dq and dkv passes";
+      if (s.causal) return "causal backward: forward scan for dq, reverse scan for dk, dv";
+      return c.state_splits() > 1 ? "non-causal backward: state, dq, dstate and dkv passes, the state partials reduced"
+                                  : "non-causal backward: state, dq, dstate and dkv passes";
   }
   return "";
 }

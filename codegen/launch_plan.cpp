@@ -93,6 +93,11 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
   std::vector<std::string> roles = kernel_roles(spec, pass);
   if (causal_super_chunks(spec, config, pass))
     roles.insert(std::find(roles.begin(), roles.end(), "causal_chunk"), "state");
+  if (state_reduced(spec, config, pass)) {
+    // The split partials summed once (state_reduce_kernel, ...) before their readers.
+    roles.insert(std::find(roles.begin(), roles.end(), "state") + 1, "state_reduce");
+    if (pass == Pass::backward) roles.insert(std::find(roles.begin(), roles.end(), "dstate") + 1, "dstate_reduce");
+  }
   if (causal_backward_tiles(spec, config, pass)) {
     // Per-range states, their prefix, the dq walks (+ the ranges' dS), the suffix, the dk and dv walks.
     auto at = std::find(roles.begin(), roles.end(), "causal_dq");
@@ -102,12 +107,17 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
   return roles;
 }
 
+bool state_reduced(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  return !spec.causal && pass != Pass::feature_map && config.state_splits() > 1;
+}
+
 std::string kernel_template(Pass pass, std::string_view role) {
   if (role == "key_stab")
     return pass == Pass::feature_map ? "key_stab_kernel"
            : pass == Pass::forward   ? "forward_key_stab_kernel"
                                      : "backward_key_stab_kernel";
   if (role == "state" && pass == Pass::backward) return "backward_state_kernel";
+  if (role == "state_reduce" && pass == Pass::backward) return "backward_state_reduce_kernel";
   return std::string(role) + "_kernel";
 }
 
@@ -149,6 +159,7 @@ bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& c) {
 
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass pass, std::string_view role) {
   // The tensor-core backward (can_implement): the scalar tiles plus 16-bit operand tiles.
+  if (role == "state_reduce" || role == "dstate_reduce") return 0;
   if (c.mma() && pass == Pass::backward) {
     BackwardDims p = backward_dims(spec, c);
     if (jacobian_on_tensor_cores(spec, c))
@@ -197,6 +208,8 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
   const unsigned dv_blocks = ceil_div(spec.value_dim, c.dv_block());
   const bool performer = spec.family == Family::performer;
   LaunchPlan plan;
+  // The reduce kernels: one thread per entry of a (D*dv + D) state.
+  auto reduce_blocks = [&](int64_t D) { return ceil_div(D * spec.value_dim + D, c.threads()); };
   auto add = [&](std::string role, std::array<unsigned, 3> grid) {
     const int64_t smem = dynamic_smem_bytes(spec, c, pass, role);
     plan.launches.push_back({std::move(role), grid, static_cast<unsigned>(c.threads()), smem});
@@ -223,6 +236,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       } else {
         const int64_t D = spec.feature_dim();
         add("state", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), dv_blocks});
+        if (state_reduced(spec, c, pass)) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(D), 1});
         add("output", {ceil_div(shape.seq, c.block_tokens()), static_cast<unsigned>(bh), dv_blocks});
         plan.workspace_floats = state_offset(bh) + bh * c.state_splits() * (D * spec.value_dim + D);
       }
@@ -247,9 +261,11 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("causal_dkv", {static_cast<unsigned>(bh), 1, 1});
       } else {
         add("state", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), dv_blocks});
+        if (state_reduced(spec, c, pass)) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(p.D), 1});
         // dq before dstate: dq writes each token's r (from its fp32 products), dstate reads it.
         add("dq", {tiles, static_cast<unsigned>(bh), 1});
         add("dstate", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), 1});
+        if (state_reduced(spec, c, pass)) add("dstate_reduce", {static_cast<unsigned>(bh), reduce_blocks(p.D), 1});
         add("dkv", {tiles, static_cast<unsigned>(bh), 1});
       }
       if (p.param_floats > 0) {

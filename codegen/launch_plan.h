@@ -43,7 +43,9 @@ struct LaunchPlan {
 // "dstate", "dq", "dkv" | "causal_dq", "causal_dkv", then "param_reduce" when
 // the family learns parameters.
 std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass);
-// The same for one config: a causal forward on tensor cores with
+// The same for one config: a non-causal pass with state_splits > 1 runs
+// "state_reduce" after "state" (and the backward "dstate_reduce" after
+// "dstate"); a causal forward on tensor cores with
 // state_splits > 1 (the super-chunk split) runs "state" (per-range states)
 // before "causal_chunk"; the causal backward on tensor cores runs "state"
 // (per-chunk states), "state_scan", "causal_dq", "dstate_scan", "causal_dkv".
@@ -51,6 +53,11 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
 // Whether a config's causal forward walks its chunks in state_splits ranges
 // (mma_causal_chunk_kernel seeded with the earlier ranges' states).
 bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pass pass);
+// Whether a config's non-causal forward or backward sums its state_splits
+// partials once (state_splits > 1): "state_reduce" after "state" and, in the
+// backward, "dstate_reduce" after "dstate" (reduce_state_partials in
+// templates/lunajit/linear_attention.cuh); their readers read one state.
+bool state_reduced(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 // Whether a config's causal backward is the one on tensor cores: per-range
 // states of state_splits super-chunk ranges, state_scan / dstate_scan, and
 // chunk walks within each range, grid (ranges, batch*heads).

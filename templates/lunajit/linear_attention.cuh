@@ -9,8 +9,10 @@
 // Non-causal = two passes. state_kernel, grid (batch*heads, state_splits,
 // dv blocks): each block streams K/V tiles of its part of the sequence and
 // accumulates a partial (S, z) in registers; partials go to the workspace.
-// output_kernel, grid (query tiles, batch*heads, dv blocks): sums the partials
-// in split order (deterministic), maps Q and writes O.
+// With state_splits > 1, state_reduce_kernel, grid (batch*heads, entry
+// blocks), then sums the partials in split order (deterministic) into
+// partial 0, once per (batch, head). output_kernel, grid (query tiles,
+// batch*heads, dv blocks): reads that state, maps Q and writes O.
 // Causal = causal_chunk_kernel, grid (batch*heads, dv blocks): one block walks
 // the chunks in order carrying (S, z) in shared memory ("fused chunk").
 // Performer additionally runs key_stab_kernel first (one max per batch*head)
@@ -260,6 +262,39 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
     }
 }
 
+// The non-causal state partials [splits][D*dv + D] of one (batch, head)
+// summed in split order (fixed: deterministic) into partial 0, in place:
+// state_reduce_kernel (forward), backward_state_reduce_kernel and
+// dstate_reduce_kernel (backward) run between the pass that writes the
+// partials and the kernels that read the state, when state_splits > 1. The
+// readers (output, dstate, dq, dkv; scalar and tensor-core) then read one
+// state from partial 0: before, every query or key tile summed all the
+// partials itself (the default forward at B 8, H 12, N 16384: 24,576 tiles
+// x 4 partials x 16.6 KB = 1.6 GB of L2 reads; the backward's 16-token
+// tiles 6.5 GB in dq and again in dkv). The same fp32 sums in the same
+// order as the readers' loops were: the same results. Grid (batch*heads,
+// ceil((D*dv + D) / threads)); one thread per entry, its R loads in flight.
+template <class K>
+LUNAJIT_DEVICE void reduce_state_partials(float* parts) {
+  constexpr long long kPart = (long long)K::D * K::dv + K::D;
+  constexpr int R = K::state_splits;
+  const long long e = (long long)blockIdx.y * K::threads + threadIdx.x;
+  if (e >= kPart) return;
+  float* col = parts + (long long)blockIdx.x * R * kPart + e;
+  float x[R];
+#pragma unroll
+  for (int p = 0; p < R; ++p) x[p] = col[p * kPart];
+  float s = 0.0f;
+#pragma unroll
+  for (int p = 0; p < R; ++p) s += x[p];
+  col[0] = s;
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) state_reduce_kernel(const ForwardArgs args) {
+  reduce_state_partials<K>(args.workspace + forward_workspace_state_offset(args.problem.batch * args.problem.heads));
+}
+
 template <class K>
 __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs args) {
   const int bh = blockIdx.x;
@@ -283,23 +318,16 @@ __global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs ar
   const int t0 = blockIdx.x * T, c0 = blockIdx.z * DVB, seq = sp.len;
   const int valid = min(T, seq - t0);
   if (valid <= 0) return;  // a tile past the end of a shorter packed sequence (whole block)
-  const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
+  // The state: partial 0, summed over the splits by state_reduce_kernel.
+  const float* state = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
                        (long long)bh * K::state_splits * ((long long)D * K::dv + D);
-  constexpr long long kPart = (long long)D * K::dv + D;
   float* S = smem + L.state;  // (D, DVB)
   float* z = smem + L.z;      // (D)
   for (int e = threadIdx.x; e < D * DVB; e += NT) {
     const int f = e / DVB, c = e - f * DVB;
-    float s = 0.0f;
-    if (c0 + c < K::dv)
-      for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + f * K::dv + c0 + c];
-    S[e] = s;
+    S[e] = c0 + c < K::dv ? state[f * K::dv + c0 + c] : 0.0f;
   }
-  for (int f = threadIdx.x; f < D; f += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * K::dv + f];
-    z[f] = s;
-  }
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = state[D * K::dv + f];
   load_rows<typename K::T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   __syncthreads();
   const FeatureContext ctx{Tr::head_params(a.params, h), t0, seq, 1, 0.0f};

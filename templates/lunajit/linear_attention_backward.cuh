@@ -49,27 +49,20 @@ struct BackwardTraits {
   }
 };
 
-// Sums z (D) of the split partials [splits][D*dv + D] of one (batch, head), in split order.
+// z (D) of the state of one (batch, head): partial 0 of its split partials
+// [splits][D*dv + D], which backward_state_reduce_kernel summed over the
+// splits (reduce_state_partials, when state_splits > 1).
 template <class K>
-LUNAJIT_DEVICE void sum_partial_z(const float* parts, float* z) {
-  constexpr long long kPart = (long long)K::D * K::dv + K::D;
-  for (int f = threadIdx.x; f < K::D; f += K::threads) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + K::D * K::dv + f];
-    z[f] = s;
-  }
+LUNAJIT_DEVICE void load_state_z(const float* parts, float* z) {
+  for (int f = threadIdx.x; f < K::D; f += K::threads) z[f] = parts[K::D * K::dv + f];
 }
 
-// Sums the split partials [splits][D*dv + D] of one (batch, head) into S (D, dv) and z (D).
+// S (D, dv) and z (D) of one (batch, head), as load_state_z (the state or,
+// after dstate_reduce_kernel, its gradient).
 template <class K>
-LUNAJIT_DEVICE void sum_partials(const float* parts, float* S, float* z) {
-  constexpr long long kPart = (long long)K::D * K::dv + K::D;
-  for (int e = threadIdx.x; e < K::D * K::dv; e += K::threads) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + e];
-    S[e] = s;
-  }
-  sum_partial_z<K>(parts, z);
+LUNAJIT_DEVICE void load_state(const float* parts, float* S, float* z) {
+  for (int e = threadIdx.x; e < K::D * K::dv; e += K::threads) S[e] = parts[e];
+  load_state_z<K>(parts, z);
 }
 
 // r_i and g_i in place of dout, given den_i (rows < valid), with r from the
@@ -205,6 +198,19 @@ __global__ void __launch_bounds__(K::threads) backward_state_kernel(const Backwa
 }
 
 // (dS, dz) partials over this block's share of the queries. Grid (batch*heads, splits).
+// The non-causal split partials of (S, z) (written by the state pass) and of
+// (dS, dz) (by dstate) summed into partial 0 (reduce_state_partials, when
+// state_splits > 1). Grid (batch*heads, ceil((D*dv + D) / threads)).
+template <class K>
+__global__ void __launch_bounds__(K::threads) backward_state_reduce_kernel(const BackwardArgs args) {
+  reduce_state_partials<K>(args.workspace + BackwardTraits<K>::workspace(args.problem).state);
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) dstate_reduce_kernel(const BackwardArgs args) {
+  reduce_state_partials<K>(args.workspace + BackwardTraits<K>::workspace(args.problem).dstate);
+}
+
 template <class K>
 __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs args) {
   using Tr = BackwardTraits<K>;
@@ -221,7 +227,7 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   const TokenRange range = split_range<K>(seq, split, T);
   constexpr long long kPart = (long long)D * DV + D;
   float* z = smem + L.z;
-  sum_partial_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
+  load_state_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   float acc[kEntries];
   float zacc[kZEntries];
@@ -291,7 +297,7 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args)
   const float* g = smem + L.dout;
   const float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  sum_partials<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
+  load_state<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, nullptr, ctx);
@@ -335,7 +341,7 @@ __global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs args
   float* dphi = smem + L.dphi;
   float* v = smem + L.v;
   float* dparams = smem + L.dparams;
-  sum_partials<K>(a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dS, dz);
+  load_state<K>(a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dS, dz);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);

@@ -106,23 +106,15 @@ LUNAJIT_DEVICE float scale_state(const float* S, unsigned* s_hi, unsigned* s_lo,
   return 1.0f / scale;  // a power of two: exact
 }
 
-// Sums the split partials [D * dv | D] of one (batch, head) in split order
-// into S (D, dv) and z (D) fp32 and stages S as scale_state does. Ends with
-// a barrier; the tiles and z are visible to every thread.
-template <int NT, int D, int DV, int SPLITS, int P>
-LUNAJIT_DEVICE float stage_scaled_state(const float* parts, float* S, float* z, unsigned* s_hi, unsigned* s_lo,
+// Loads one (batch, head)'s state [D * dv | D] (partial 0: the reduce
+// kernels summed the non-causal splits into it; the causal walks' range
+// slot) into S (D, dv) and z (D) fp32 and stages S as scale_state does. Ends
+// with a barrier; the tiles and z are visible to every thread.
+template <int NT, int D, int DV, int P>
+LUNAJIT_DEVICE float stage_scaled_state(const float* state, float* S, float* z, unsigned* s_hi, unsigned* s_lo,
                                         float* red) {
-  constexpr long long kPart = (long long)D * DV + D;
-  for (int e = threadIdx.x; e < D * DV; e += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + e];
-    S[e] = s;
-  }
-  for (int f = threadIdx.x; f < D; f += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < SPLITS; ++p) s += parts[p * kPart + D * DV + f];
-    z[f] = s;
-  }
+  for (int e = threadIdx.x; e < D * DV; e += NT) S[e] = state[e];
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = state[D * DV + f];
   // No barrier: scale_state reads each entry of S from the thread that wrote it.
   return scale_state<NT, D, DV, P>(S, s_hi, s_lo, red);
 }
@@ -205,7 +197,7 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   const TokenRange range = split_range<K>(seq, split, Tk);
   constexpr long long kPart = (long long)D * DV + D;
   float* z = smem + L.z;
-  sum_partial_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
+  load_state_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -276,7 +268,7 @@ __global__ void __launch_bounds__(K::threads,
   float* dphi = smem + L.dphi;
   float* dparams = smem + L.dparams;
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, K::state_splits, PV>(
+  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, PV>(
       a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, z,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
@@ -347,7 +339,7 @@ __global__ void __launch_bounds__(K::threads,
   float* dphi = smem + L.dphi;
   float* dparams = smem + L.dparams;
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, K::state_splits, PV>(
+  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, PV>(
       a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, dz,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
@@ -508,7 +500,7 @@ struct CausalRangeBlock {
     if (!stage) return;
     for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
     const long long state = kKind == BackwardKind::causal_dq ? w.state : w.dstate;
-    unscale = mma_detail::stage_scaled_state<NT, D, DV, 1, PV>(
+    unscale = mma_detail::stage_scaled_state<NT, D, DV, PV>(
         args.workspace + state + slot * kPart, smem + L.state, z, reinterpret_cast<unsigned*>(smem + LM.s_h),
         reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
   }

@@ -16,8 +16,8 @@
 // partials state_kernel writes.
 //
 // mma_output_kernel, grid (query tiles, batch*heads, dv blocks), as
-// output_kernel: sums the partials in split order (fp32, fixed order:
-// deterministic), scales S and z by powers of two so that their largest
+// output_kernel: reads the state (partial 0: state_reduce_kernel summed the
+// split partials into it in split order, fp32, deterministic), scales S and z by powers of two so that their largest
 // magnitude lies in [1, 2) (exact; keeps fp16 in range whatever the sequence
 // length), rounds them to the I/O dtype, then O = Phi_q S' and den = Phi_q z'
 // on mma (A = Phi_q by ldmatrix.x4, B = S' by ldmatrix.x4.trans, two n-tiles
@@ -385,9 +385,9 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   if (valid <= 0) return;  // a tile past the end of a shorter packed sequence (whole block)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The query tile's raw 16-bit rows are fetched with cp.async into the phi
-  // tile (free until the map) while the block sums the state partials, then
+  // tile (free until the map) while the block reads the state, then
   // converted to the fp32 x tile; rows that are not 16-byte aligned (a strided
-  // view) are loaded after the sums as before (block-uniform).
+  // view) are loaded after the state as before (block-uniform).
   constexpr bool kQPipe = K::d % 8 == 0 && 2 * K::D >= K::d;  // whole 16-byte chunks; the raw tile fits phi
   const T* qbase = static_cast<const T*>(a.q.data) + b * a.q.stride_batch + h * a.q.stride_head;
   const bool q_pipe = kQPipe && reinterpret_cast<unsigned long long>(qbase) % 16 == 0 && a.q.stride_seq % 8 == 0;
@@ -400,24 +400,22 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
     }
     mma::cp_async_commit();
   }
-  const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
+  // The state: partial 0, summed over the splits by state_reduce_kernel.
+  const float* state = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
                        (long long)bh * K::state_splits * kPart;
   float* S = smem + L.state;  // (D, DVB) fp32
   float* z = smem + L.z;      // (D) fp32
   float* red = smem + L.reduce;
-  // Partials in split order (deterministic), and each thread's largest magnitudes.
+  // The state's dv block, and each thread's largest magnitudes.
   float smax = 0.0f, zmax = 0.0f;
   for (int e = threadIdx.x; e < D * DVB; e += NT) {
     const int f = e / DVB, c = e - f * DVB;
-    float s = 0.0f;
-    if (c0 + c < K::dv)
-      for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + f * K::dv + c0 + c];
+    const float s = c0 + c < K::dv ? state[f * K::dv + c0 + c] : 0.0f;
     S[e] = s;
     smax = fmaxf(smax, fabsf(s));
   }
   for (int f = threadIdx.x; f < D; f += NT) {
-    float s = 0.0f;
-    for (int p = 0; p < K::state_splits; ++p) s += parts[p * kPart + D * K::dv + f];
+    const float s = state[D * K::dv + f];
     z[f] = s;
     zmax = fmaxf(zmax, fabsf(s));
   }

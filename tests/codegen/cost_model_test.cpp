@@ -302,12 +302,62 @@ TEST(CostModelPredict, PassSumsItsKernelsAndUsesTheLaunchPlan) {
   const TileConfig c(64, 4, 64, 64, 4);
   const ProblemShape shape{8, 12, 16384};
   auto p = predict_pass(s, c, Pass::forward, shape, h100(), sm90()).value_or_throw();
-  ASSERT_EQ(p.kernels.size(), 2u);  // state, output
-  EXPECT_NEAR(p.ms, p.kernels[0].ms + p.kernels[1].ms, 1e-12);
+  ASSERT_EQ(p.kernels.size(), 3u);  // state, state_reduce, output
+  EXPECT_NEAR(p.ms, p.kernels[0].ms + p.kernels[1].ms + p.kernels[2].ms, 1e-12);
   auto plan = plan_launches(s, c, Pass::forward, shape).value_or_throw();
   const auto& g = plan.launches[0].grid;
   EXPECT_EQ(p.counts[0].blocks, double(g[0]) * g[1] * g[2]);
   EXPECT_EQ(p.counts[0].threads, int(plan.launches[0].threads));
+}
+
+TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
+  // With state_splits s > 1 the non-causal passes sum the split partials once
+  // per (batch, head) (state_reduce after state; dstate_reduce after dstate),
+  // one thread per entry of a (D dv + D) state, and the readers (output, dq,
+  // dstate's z, dkv) read that one state: the model counts the reduction in
+  // the reduce kernels and none in the readers. s = 1 runs no reduce kernel.
+  const AttentionSpec s = default_spec(Family::luna);
+  const ProblemShape shape{2, 3, 1000};
+  const double BH = 6, D = s.feature_dim(), dv = s.value_dim, part = D * dv + D;
+  for (bool mma : {false, true}) {
+    const TileConfig c4 = TileConfig(64, 4, 64, 64, 4).with_mma(mma);
+    SCOPED_TRACE(c4.to_string());
+    ASSERT_TRUE(state_reduced(s, c4, Pass::forward));
+    EXPECT_EQ(kernel_roles(s, Pass::forward, c4), (std::vector<std::string>{"state", "state_reduce", "output"}));
+    const unsigned entries = unsigned((part + 127) / 128);
+    auto fwd = plan_launches(s, c4, Pass::forward, shape).value_or_throw();
+    ASSERT_EQ(fwd.launches.size(), 3u);
+    EXPECT_EQ(fwd.launches[1].role, "state_reduce");
+    EXPECT_EQ(fwd.launches[1].grid, (std::array<unsigned, 3>{6, entries, 1}));
+    EXPECT_EQ(fwd.launches[1].smem_bytes, 0);
+    auto bwd = plan_launches(s, c4, Pass::backward, shape).value_or_throw();
+    std::vector<std::string> roles;
+    for (const auto& l : bwd.launches) roles.push_back(l.role);
+    EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_reduce", "dq", "dstate", "dstate_reduce", "dkv",
+                                               "param_reduce"}));
+    for (auto [pass, role] : {std::pair{Pass::forward, "state_reduce"}, std::pair{Pass::backward, "state_reduce"},
+                              std::pair{Pass::backward, "dstate_reduce"}}) {
+      auto k = kernel_counts(s, c4, pass, role, shape).value_or_throw();
+      EXPECT_DOUBLE_EQ(k.bytes, 4 * BH * 4 * part + 4 * BH * part) << role;
+      EXPECT_DOUBLE_EQ(k.flops, BH * 4 * part) << role;
+      EXPECT_EQ(k.tc_flops, 0) << role;
+    }
+    // The readers' bytes do not grow with the splits, nor their FLOPs.
+    const TileConfig c1 = TileConfig(64, 4, 64, 64, 1).with_mma(mma);
+    EXPECT_FALSE(state_reduced(s, c1, Pass::backward));
+    for (auto [pass, role] : {std::pair{Pass::forward, "output"}, std::pair{Pass::backward, "dq"},
+                              std::pair{Pass::backward, "dkv"}}) {
+      auto k4 = kernel_counts(s, c4, pass, role, shape).value_or_throw();
+      auto k1 = kernel_counts(s, c1, pass, role, shape).value_or_throw();
+      EXPECT_DOUBLE_EQ(k4.bytes, k1.bytes) << role;
+      EXPECT_DOUBLE_EQ(k4.flops, k1.flops) << role;
+    }
+    EXPECT_EQ(plan_launches(s, c1, Pass::forward, shape).value_or_throw().launches.size(), 2u);
+  }
+  AttentionSpec causal = s;
+  causal.causal = true;
+  EXPECT_FALSE(state_reduced(causal, TileConfig(64, 4, 64, 64, 4).with_mma(true), Pass::backward));
+  EXPECT_FALSE(state_reduced(s, TileConfig(64, 4, 64, 64, 4), Pass::feature_map));
 }
 
 TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {

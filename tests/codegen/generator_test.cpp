@@ -70,9 +70,19 @@ TEST(Generator, HeaderNamesSpecAndConfig) {
 TEST(Generator, EntriesPerPass) {
   AttentionSpec s = default_spec(Family::luna);
   auto fwd = generate(s, TileConfig(), Pass::forward).value_or_throw();
-  ASSERT_EQ(fwd.entries.size(), 2u);
+  // state_splits > 1: the partials are summed once between the two passes.
+  ASSERT_GT(TileConfig().state_splits(), 1);
+  ASSERT_EQ(fwd.entries.size(), 3u);
   EXPECT_EQ(fwd.entries[0].name_expression, "lunajit::state_kernel<lunajit_gen::Kernel>");
-  EXPECT_EQ(fwd.entries[1].name_expression, "lunajit::output_kernel<lunajit_gen::Kernel>");
+  EXPECT_EQ(fwd.entries[1].name_expression, "lunajit::state_reduce_kernel<lunajit_gen::Kernel>");
+  EXPECT_EQ(fwd.entries[2].name_expression, "lunajit::output_kernel<lunajit_gen::Kernel>");
+  auto bwd = generate(s, TileConfig(), Pass::backward).value_or_throw();
+  ASSERT_NE(bwd.entry("state_reduce"), nullptr);
+  EXPECT_EQ(bwd.entry("state_reduce")->name_expression, "lunajit::backward_state_reduce_kernel<lunajit_gen::Kernel>");
+  ASSERT_NE(bwd.entry("dstate_reduce"), nullptr);
+  EXPECT_EQ(bwd.entry("dstate_reduce")->name_expression, "lunajit::dstate_reduce_kernel<lunajit_gen::Kernel>");
+  auto one = generate(s, TileConfig(64, 4, 64, 64, 1), Pass::forward).value_or_throw();
+  EXPECT_EQ(one.entries.size(), 2u);
   s.causal = true;
   auto causal = generate(s, TileConfig(), Pass::forward).value_or_throw();
   ASSERT_EQ(causal.entries.size(), 1u);

@@ -1,9 +1,10 @@
 // lunajit generated kernel source: do not edit; regenerate with `lunajit emit`.
-// pass:   forward (non-causal forward, state pass + output pass)
+// pass:   forward (non-causal forward, state pass, its partials reduced, output pass)
 // spec:   {"causal":false,"dtype":"bf16","eps":1e-06,"family":"luna","head_dim":64,"luna":{"activation":"relu","channels":8,"envelope":false,"mlp_width":64,"output_activation":"relu","projections":8,"shared_channels":true,"variant":"neural"},"normalize":true,"params_per_head":true,"value_dim":64}
 // config: T64.w8.dv64.C64.s4.recompute.mma {"block_tokens":64,"chunk":64,"dv_block":64,"mma":true,"phi_backward":"recompute","state_splits":4,"warps":8}
 // kernels (NVRTC name expressions):
 //   state         lunajit::mma_state_kernel<lunajit_gen::Kernel>
+//   state_reduce  lunajit::state_reduce_kernel<lunajit_gen::Kernel>
 //   output        lunajit::mma_output_kernel<lunajit_gen::Kernel>
 
 #include "lunajit/linear_attention_mma.cuh"
