@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "codegen/cost_model.h"
+#include "codegen/feature_params.h"
 #include "autotune/forward_probe.h"
 #include "autotune/validation.h"
 #include "codegen/generator.h"
@@ -67,22 +68,29 @@ std::map<std::string, KernelUsage> usage_by_role(const KernelSource& src, const 
   return out;
 }
 
-// Device buffers of one forward at `shape` for timing (contents zero: the
-// kernels' work does not depend on the values).
-struct ForwardBench {
+// Device buffers of one forward or backward at `shape` for timing (contents
+// zero: the kernels' work does not depend on the values; zero inputs give
+// finite outputs, den = eps and g = 0, so no NaN slows a run).
+struct PassBench {
   Buffer q, k, v, o, params;
-  static Result<ForwardBench> create(Backend& b, const AttentionSpec& spec, const ProblemShape& s) {
-    ForwardBench fb;
+  Buffer dout, dq, dk, dv, dparams;  // the backward's
+  static Result<PassBench> create(Backend& b, const AttentionSpec& spec, Pass pass, const ProblemShape& s) {
+    PassBench pb;
     const size_t rows = size_t(s.batch) * s.seq * s.heads, eb = dtype_bytes(spec.dtype);
-    for (auto [buf, bytes] : {std::pair{&fb.q, rows * spec.head_dim * eb}, std::pair{&fb.k, rows * spec.head_dim * eb},
-                              std::pair{&fb.v, rows * spec.value_dim * eb}, std::pair{&fb.o, rows * spec.value_dim * eb},
-                              std::pair{&fb.params, size_t(1) << 20}}) {
+    const size_t qk = rows * spec.head_dim * eb, vo = rows * spec.value_dim * eb;
+    const size_t param_bytes = std::max<size_t>(
+        size_t(1) << 20, 4 * param_layout(spec).per_head_floats * size_t(spec.params_per_head ? s.heads : 1));
+    std::vector<std::pair<Buffer*, size_t>> bufs{{&pb.q, qk}, {&pb.k, qk}, {&pb.v, vo}, {&pb.o, vo},
+                                                 {&pb.params, param_bytes}};
+    if (pass == Pass::backward)
+      bufs.insert(bufs.end(), {{&pb.dout, vo}, {&pb.dq, qk}, {&pb.dk, qk}, {&pb.dv, vo}, {&pb.dparams, param_bytes}});
+    for (auto [buf, bytes] : bufs) {
       auto a = b.allocate(bytes);
       if (!a) return a.error();
       *buf = std::move(*a);
       if (auto st = b.fill_zero(*buf); !st) return st.error();
     }
-    return fb;
+    return pb;
   }
 };
 
@@ -325,7 +333,9 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
     const double check_wall = seconds_since(t_check);
 
     // Step 4: rank at each pending shape.
-    const bool measure = timer_ != nullptr && timing_backend_ != nullptr && pass == Pass::forward;
+    // On a GPU the forward and the backward candidates are timed (the
+    // backward's whole plan: state, dq, dstate, dkv, ... as the op runs it).
+    const bool measure = timer_ != nullptr && timing_backend_ != nullptr && pass != Pass::feature_map;
     for (const ProblemShape& shape : pending) {
       TuneResult res;
       res.pass = pass;
@@ -338,9 +348,9 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
       res.space_size = space.size();
       res.pruned = pruned_rows.size();
       res.candidates = rows;
-      std::optional<ForwardBench> bench;
+      std::optional<PassBench> bench;
       if (measure) {
-        auto b = ForwardBench::create(*timing_backend_, spec, shape);
+        auto b = PassBench::create(*timing_backend_, spec, pass, shape);
         if (!b) return b.error();
         bench = std::move(*b);
       }
@@ -350,7 +360,7 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
         report("time", ++done, res.candidates.size());
         if (!c.compiled || !c.correct) continue;
         if (measure) {
-          auto runner = AttentionRunner::create(*timing_backend_, spec, c.config, Pass::forward);
+          auto runner = AttentionRunner::create(*timing_backend_, spec, c.config, pass);
           if (!runner) {
             c.correct = false;
             c.status = "load failed: " + runner.error().message.substr(0, 200);
@@ -360,10 +370,16 @@ Result<std::vector<TuneResult>> Tuner::tune(const AttentionSpec& spec) {
           auto ref = [&](const Buffer& b, int dim) {
             return TensorRef{b.as_pointer(), int64_t(shape.seq) * shape.heads * dim, int64_t(shape.heads) * dim, dim};
           };
-          const MutableTensorRef o{bench->o.as_pointer(), int64_t(shape.seq) * shape.heads * dv,
-                                   int64_t(shape.heads) * dv, dv};
+          auto mut = [&](const Buffer& b, int dim) {
+            return MutableTensorRef{b.as_pointer(), int64_t(shape.seq) * shape.heads * dim, int64_t(shape.heads) * dim,
+                                    dim};
+          };
           auto run = [&]() -> Status {
-            return runner->forward(shape, ref(bench->q, d), ref(bench->k, d), ref(bench->v, dv), o,
+            if (pass == Pass::backward)
+              return runner->backward(shape, ref(bench->q, d), ref(bench->k, d), ref(bench->v, dv), ref(bench->o, dv),
+                                      ref(bench->dout, dv), mut(bench->dq, d), mut(bench->dk, d), mut(bench->dv, dv),
+                                      bench->params.ptr(), bench->dparams.ptr());
+            return runner->forward(shape, ref(bench->q, d), ref(bench->k, d), ref(bench->v, dv), mut(bench->o, dv),
                                    bench->params.ptr());
           };
           auto sample = timer_->time(c.config, run, best);

@@ -16,7 +16,8 @@
 //      the reference config's, on the check backend at a small shape; a
 //      candidate that fails can never win;
 //   4. ranking at each requested shape: measured with the Timer when one is
-//      given ("measured"), else by the static cost model with the ptxas
+//      given ("measured": the forward's or the backward's whole launch plan,
+//      as the op runs it, on zero-filled tensors), else by the static cost model with the ptxas
 //      resources of step 2 ("model-ranked"); the fastest correct candidate
 //      wins, ties to the earlier candidate, so every rank of a job that tunes
 //      the same way picks the same config. Model-ranked, a candidate whose

@@ -250,6 +250,47 @@ TEST(TunerSelection, FastestCorrectWinsAndWrongButFastIsRejected) {
     }
 }
 
+// On a GPU the backward's candidates are timed too, each through the
+// backward's whole launch plan (AttentionRunner::backward on the timing
+// backend's zero-filled tensors): here the host backend runs that plan once
+// per timed candidate (the timer calls `run`), and the fake times decide.
+TEST(TunerSelection, BackwardCandidatesAreTimedThroughTheirPlan) {
+  class RunningTimer final : public Timer {
+   public:
+    explicit RunningTimer(std::string fastest) : fastest_(std::move(fastest)) {}
+    Result<TimingSample> time(const TileConfig& c, const std::function<Status()>& run, double) override {
+      if (auto st = run(); !st) return st.error();
+      timed.push_back(c.to_string());
+      const double t = c.to_string() == fastest_ ? 0.5 : 2.0;
+      return TimingSample{t, 1, false};
+    }
+    std::vector<std::string> timed;
+
+   private:
+    std::string fastest_;
+  };
+  TempDir dir;
+  TuningDb db(dir.path(), model_fingerprint(sm90()));
+  TuneOptions opt;
+  opt.arch = sm90();
+  opt.shapes = {{1, 2, 40}};
+  opt.passes = {Pass::backward};
+  opt.max_candidates = 3;
+  opt.check_options.shape = {1, 2, 40};
+  const AttentionSpec spec = relu_spec();
+  const auto cands = Tuner(db, host(), opt).candidates(spec, Pass::backward);
+  ASSERT_GE(cands.size(), 2u);
+  const std::string fastest = cands.back().to_string();
+  RunningTimer timer(fastest);
+  auto r = Tuner(db, host(), opt, &timer, &host()).tune(spec);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].pass, Pass::backward);
+  EXPECT_EQ((*r)[0].method, "measured");
+  EXPECT_EQ((*r)[0].chosen.to_string(), fastest);
+  EXPECT_EQ(timer.timed.size(), cands.size());  // every candidate ran its backward plan
+}
+
 // Quick tune: the cost model ranks the candidates first and only its best
 // top_k per shape, and the default config, are compiled, checked and timed;
 // the rest are listed as pruned and cannot win; exhaustive takes them all.
