@@ -325,9 +325,11 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.tc_terms = s.dtype == DType::fp16 ? 3 : 2.5;
     sp.sfu = BH * N * (sfu_row + jsfu);
   } else if (role == "dstate_reduce") {
-    // As the forward's state_reduce: the (dS, dz) partials read, their sum written.
-    k.bytes = partials + state_read;
-    k.flops = BH * splits * part;
+    // As state_reduce (kernel_counts): the (dS, dz) partials read, their sum
+    // written; on tensor cores dS also staged as bf16 hi + lo words.
+    const bool staged = backward_state_staged(s, c, Pass::backward);
+    k.bytes = (splits > 1 ? partials + state_read : state_read) + (staged ? 4 * BH * D * dv : 0);
+    k.flops = BH * splits * part + (staged ? 4 * BH * D * dv : 0);
   } else if (role == "state_scan" || role == "dstate_scan") {
     // Each thread walks one entry of (S, z) or (dS, dz) through the range
     // partials (read and written once), loads 8 ranges ahead.
@@ -498,9 +500,14 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     k.flops = BH * N * (performer_log_flops(s) + D);
     sp.fm = k.flops;
   } else if (role == "state_reduce") {
-    // One thread per entry of (S, z): the partials read, their sum written over partial 0.
-    k.bytes = partials + state_read;
-    k.flops = BH * splits * (D * dv + D);
+    // One thread per entry of (S, z): the partials read, their sum written
+    // over partial 0 (splits > 1). The non-causal backward on tensor cores
+    // (backward_state_staged) runs it with one split too, and stages S as
+    // bf16 hi + lo words (2 + 2 bytes an entry; 4 FLOPs: scale, round,
+    // subtract, round).
+    const bool staged = backward_state_staged(s, c, pass);
+    k.bytes = (splits > 1 ? partials + state_read : state_read) + (staged ? 4 * BH * D * dv : 0);
+    k.flops = BH * splits * (D * dv + D) + (staged ? 4 * BH * D * dv : 0);
   } else if (role == "state") {
     k.bytes = BH * N * (d + dv) * e + partials + params + stab_read;
     k.flops = nd * BH * N * Fk + 2 * BH * N * D * dv + BH * N * D;

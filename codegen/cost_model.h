@@ -148,6 +148,9 @@
 //                 flops = nd BH N Fk + 2 BH N D dv (S) + BH N D (z)
 //   state_reduce  (s > 1) bytes = 4 BH s (D dv + D) (partials read) + 4 BH (D dv + D) (sum written)
 //                 flops = BH s (D dv + D)
+//                 The non-causal backward on tensor cores runs it (and dstate_reduce) with
+//                 s = 1 too (4 BH (D dv + D) bytes read, no sum written) and stages S as
+//                 bf16 hi + lo words: + 4 BH D dv bytes written, + 4 BH D dv flops
 //   output        bytes = BH N d e + BH N dv e + 4 BH (D dv + D) (the state: partial 0) + 4 P Hp
 //                 flops = nd BH N Fq + 2 BH N D dv (numerator)
 //                         + normalize: nd BH N (2D + 1) (den) + BH N dv (divide)

@@ -30,7 +30,7 @@ std::string_view pass_summary(const AttentionSpec& s, const TileConfig& c, Pass 
       if (s.causal && c.mma())
         return "causal backward, super-chunk walks: range states and their prefix, dq walks, suffix, dk and dv walks";
       if (s.causal) return "causal backward: forward scan for dq, reverse scan for dk, dv";
-      return c.state_splits() > 1 ? "non-causal backward: state, dq, dstate and dkv passes, the state partials reduced"
+      return c.state_splits() > 1 || c.mma() ? "non-causal backward: state, dq, dstate and dkv passes, the state partials reduced"
                                   : "non-causal backward: state, dq, dstate and dkv passes";
   }
   return "";
@@ -45,7 +45,7 @@ bool uses_mma(const TileConfig& c, Pass p) { return c.mma() && p != Pass::featur
 bool mma_role(Pass p, std::string_view role) {
   if (p == Pass::forward) return role == "state" || role == "output" || role == "causal_chunk";
   return role == "state" || role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
-         role == "causal_dkv";
+         role == "causal_dkv" || role == "state_reduce" || role == "dstate_reduce";
 }
 
 std::vector<KernelEntry> entries_for(const AttentionSpec& s, const TileConfig& c, Pass p) {

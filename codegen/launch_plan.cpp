@@ -108,7 +108,12 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
 }
 
 bool state_reduced(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
-  return !spec.causal && pass != Pass::feature_map && config.state_splits() > 1;
+  return !spec.causal && pass != Pass::feature_map &&
+         (config.state_splits() > 1 || backward_state_staged(spec, config, pass));
+}
+
+bool backward_state_staged(const AttentionSpec& spec, const TileConfig& config, Pass pass) {
+  return !spec.causal && pass == Pass::backward && config.mma();
 }
 
 std::string kernel_template(Pass pass, std::string_view role) {
@@ -139,14 +144,17 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       // The tensor-core backward stages fp16 V as bf16 hi + lo.
                       c.mma() && spec.dtype == DType::fp16 ? 1 : 0,
                       // The tensor-core causal kernels pad the scores' rows by one float.
-                      c.mma() && spec.causal ? 1 : 0};
+                      c.mma() && spec.causal ? 1 : 0,
+                      // The non-causal tensor-core dq / dkv copy the staged state: no fp32 state tile.
+                      c.mma() && !spec.causal ? 1 : 0};
 }
 }  // namespace
 
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& c, int seq) {
   const BackwardDims p = backward_dims(spec, c);
   const BackwardWorkspace w = backward_workspace(1, seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
-                                                 p.param_floats, p.running_max, spec.causal && c.mma());
+                                                 p.param_floats, p.running_max, spec.causal && c.mma(),
+                                                 !spec.causal && c.mma());
   return 4 * w.total;
 }
 
@@ -159,7 +167,8 @@ bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& c) {
 
 int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass pass, std::string_view role) {
   // The tensor-core backward (can_implement): the scalar tiles plus 16-bit operand tiles.
-  if (role == "state_reduce" || role == "dstate_reduce") return 0;
+  if (role == "state_reduce" || role == "dstate_reduce")  // the staging's max: one float per warp
+    return backward_state_staged(spec, c, pass) ? 4LL * (c.threads() / 32) : 0;
   if (c.mma() && pass == Pass::backward) {
     BackwardDims p = backward_dims(spec, c);
     if (jacobian_on_tensor_cores(spec, c))
@@ -209,7 +218,10 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
   const bool performer = spec.family == Family::performer;
   LaunchPlan plan;
   // The reduce kernels: one thread per entry of a (D*dv + D) state.
-  auto reduce_blocks = [&](int64_t D) { return ceil_div(D * spec.value_dim + D, c.threads()); };
+  // The tensor-core backward's (which also stage the state): one block per (batch, head).
+  auto reduce_blocks = [&](int64_t D) {
+    return backward_state_staged(spec, c, pass) ? 1u : ceil_div(D * spec.value_dim + D, c.threads());
+  };
   auto add = [&](std::string role, std::array<unsigned, 3> grid) {
     const int64_t smem = dynamic_smem_bytes(spec, c, pass, role);
     plan.launches.push_back({std::move(role), grid, static_cast<unsigned>(c.threads()), smem});
@@ -274,7 +286,8 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       }
       plan.workspace_floats =
           backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
-                             p.param_floats, p.running_max, causal_backward_tiles(spec, c, pass))
+                             p.param_floats, p.running_max, causal_backward_tiles(spec, c, pass),
+                             backward_state_staged(spec, c, pass))
               .total;
       break;
     }

@@ -54,10 +54,15 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass, cons
 // (mma_causal_chunk_kernel seeded with the earlier ranges' states).
 bool causal_super_chunks(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 // Whether a config's non-causal forward or backward sums its state_splits
-// partials once (state_splits > 1): "state_reduce" after "state" and, in the
+// partials once (state_splits > 1; the tensor-core backward always, below): "state_reduce" after "state" and, in the
 // backward, "dstate_reduce" after "dstate" (reduce_state_partials in
 // templates/lunajit/linear_attention.cuh); their readers read one state.
 bool state_reduced(const AttentionSpec& spec, const TileConfig& config, Pass pass);
+// Whether a config's non-causal backward runs on tensor cores, whose reduce
+// kernels (one block per batch*head, run with one split too) also stage the
+// state and its gradient as split bf16 words for the dq and dkv tiles
+// (mma_reduce_and_stage in templates/lunajit/linear_attention_backward_mma.cuh).
+bool backward_state_staged(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 // Whether a config's causal backward is the one on tensor cores: per-range
 // states of state_splits super-chunk ranges, state_scan / dstate_scan, and
 // chunk walks within each range, grid (ranges, batch*heads).

@@ -299,6 +299,8 @@ struct BackwardDims {
   int jt_stage = 0;     // floats of the tensor-core J^T's staging (luna_jt_stage_floats), 0: none
   int split_v = 0;      // 1: fp16 I/O on tensor cores: V staged as bf16 hi + lo (a_lo in dkv)
   int score_pad = 0;    // causal scores' row stride t + score_pad (1: the tensor-core causal kernels)
+  int staged_state = 0; // 1: the non-causal tensor-core dq / dkv copy the state's pre-split hi + lo words
+                        // from the workspace (backward_staged_floats): no fp32 state tile
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
@@ -319,7 +321,7 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const bool running = causal && p.running_max;
   int off = 0;
-  l.state = off;    off = align4(off + (needs_state ? p.D * p.dv : 0));       // S or dS (D, dv)
+  l.state = off;    off = align4(off + (needs_state && !p.staged_state ? p.D * p.dv : 0));  // S or dS (D, dv)
   l.z = off;        off = align4(off + p.D);                                  // z or dz (D)
   l.x = off;        off = align4(off + t * p.d);                              // (t, d)
   l.phi_q = off;    off = align4(off + t * p.D);                              // (t, D)
@@ -429,20 +431,28 @@ LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq,
 // Workspace of the backward pass (floats): key stabiliser, state partials and
 // their gradients (non-causal: one per split; the tensor-core causal backward,
 // causal_tiles: one per super-chunk range, turned into the exclusive prefix
-// S_<r and, in the same array, the suffix dS_>r in place), per-token denominators (causal), per-token
+// S_<r and, in the same array, the suffix dS_>r in place), the non-causal
+// tensor-core backward's staged state and state gradient (staged: bf16 hi +
+// lo words, written by its reduce kernels), per-token denominators (causal), per-token
 // r_i = -(dO_i . o_i) / den_i (written by the dq kernel from its fp32 products, read by
 // the dstate or dkv kernel: docs/MATH.md §1 "r from the backward's own state"), per-token
 // running key maxima M_i (causal performer), and one partial parameter
 // gradient per block that maps dphi back (slots).
 struct BackwardWorkspace {
-  long long stab, state, dstate, den, r, kmax, slots, total;
+  long long stab, state, dstate, staged, den, r, kmax, slots, total;
 };
+
+// The non-causal tensor-core backward's staged state (and its gradient) per
+// (batch, head), floats: 2^-a S split into bf16 hi and lo words, D dv / 2
+// words each, row-major (dv / 2 words a row), then the unscale 2^a and 3
+// floats of padding (16-byte blocks: D dv is a multiple of 4).
+LUNAJIT_HOST_DEVICE constexpr long long backward_staged_floats(int D, int dv) { return (long long)D * dv + 4; }
 
 LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_heads, int seq, int splits, int D,
                                                                   int dv, bool causal, int tokens,
                                                                   int param_floats, bool running_max = false,
-                                                                  bool causal_tiles = false) {
-  BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0, 0};
+                                                                  bool causal_tiles = false, bool staged = false) {
+  BackwardWorkspace w{0, 0, 0, 0, 0, 0, 0, 0, 0};
   const int parts = splits;
   const bool states = !causal || causal_tiles;
   const long long part = (long long)batch_heads * parts * ((long long)D * dv + D);
@@ -453,7 +463,9 @@ LUNAJIT_HOST_DEVICE constexpr BackwardWorkspace backward_workspace(int batch_hea
   // over it (no other block touches slot r), and the suffix scan and the dkv
   // kernel work on that.
   w.dstate = w.state + (states && !causal_tiles ? part : 0);
-  w.den = w.dstate + (states ? part : 0);
+  // staged (non-causal, tensor cores): [state | dstate] x batch_heads x backward_staged_floats.
+  w.staged = w.dstate + (states ? part : 0);
+  w.den = w.staged + (staged && !causal ? 2LL * batch_heads * backward_staged_floats(D, dv) : 0);
   w.r = w.den + (causal ? (long long)batch_heads * seq : 0);
   w.kmax = w.r + (long long)batch_heads * seq;
   w.slots = w.kmax + (causal && running_max ? (long long)batch_heads * seq : 0);

@@ -39,13 +39,16 @@ struct BackwardTraits {
   // per-range state partials (K::state_splits super-chunk ranges) scanned in
   // place, chunk walks within each range, one parameter slot per range and side.
   static constexpr bool kCausalTiles = K::causal && K::mma;
+  // The non-causal backward on tensor cores: its reduce kernels stage the
+  // state and its gradient as split words once (mma_reduce_and_stage).
+  static constexpr bool kStaged = !K::causal && K::mma;
   static LUNAJIT_HOST_DEVICE constexpr BackwardDims dims() {
     return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
                         kParamFloats, kRunningMax ? 1 : 0};
   }
   static LUNAJIT_DEVICE BackwardWorkspace workspace(const Problem& p) {
     return backward_workspace(p.batch * p.heads, p.seq, K::state_splits, K::D, K::dv, K::causal, kTokens,
-                              kParamFloats, kRunningMax, kCausalTiles);
+                              kParamFloats, kRunningMax, kCausalTiles, kStaged);
   }
 };
 

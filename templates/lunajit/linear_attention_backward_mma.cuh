@@ -119,6 +119,28 @@ LUNAJIT_DEVICE float stage_scaled_state(const float* state, float* S, float* z, 
   return scale_state<NT, D, DV, P>(S, s_hi, s_lo, red);
 }
 
+// The non-causal state (or its gradient) of one (batch, head) as the reduce
+// kernel staged it (mma_reduce_and_stage; `staged`: backward_staged_floats):
+// the hi and lo words copied into the padded tiles s_hi, s_lo (D, P), 64
+// bits at a time, z (D) from partial 0; returns the unscale 2^a. The same
+// tiles stage_scaled_state makes from the fp32 state, without the fp32 tile,
+// the block-wide max and the split in every tile. Ends with a barrier.
+template <int NT, int D, int DV, int P>
+LUNAJIT_DEVICE float load_staged_state(const float* staged, const float* state, float* z, unsigned* s_hi,
+                                       unsigned* s_lo) {
+  constexpr int kRowPairs = DV / 4;  // 64-bit pairs of words a row (DV / 2 words)
+  const unsigned long long* hi = reinterpret_cast<const unsigned long long*>(staged);
+  const unsigned long long* lo = hi + D * kRowPairs;
+  for (int e = threadIdx.x; e < D * kRowPairs; e += NT) {
+    const int f = e / kRowPairs, q = e - f * kRowPairs;
+    reinterpret_cast<unsigned long long*>(s_hi + f * (P / 2))[q] = hi[e];
+    reinterpret_cast<unsigned long long*>(s_lo + f * (P / 2))[q] = lo[e];
+  }
+  for (int f = threadIdx.x; f < D; f += NT) z[f] = state[D * DV + f];
+  __syncthreads();
+  return staged[D * DV];
+}
+
 // The feature map of the tensor-core backward for query_tile_gradients:
 // backward_phi_tile (feature_map_mma.cuh) with its bf16 copy of x in x_words.
 template <class K>
@@ -158,6 +180,7 @@ struct BackwardMmaTraits {
     p.jt_stage = FMB::kStageFloats;
     p.split_v = kSplitV ? 1 : 0;
     p.score_pad = K::causal ? 1 : 0;
+    p.staged_state = BackwardTraits<K>::kStaged ? 1 : 0;
     return p;
   }
   static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
@@ -240,6 +263,64 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
                                                                                    wn, with_z, lane);
 }
 
+// The non-causal tensor-core backward's reduce kernels (roles state_reduce
+// and dstate_reduce, one block per (batch, head), always run: with one split
+// too): the split partials of (S, z) or (dS, dz) summed in split order into
+// partial 0 (reduce_state_partials' sums; skipped with one split), then S
+// (or dS) staged for every dq (or dkv) tile as stage_scaled_state staged it
+// in each of them: a = the exponent of max |S| over the whole state, 2^-a S
+// split into bf16 hi + lo words, and the unscale 2^a, in the workspace's
+// staged region. Identical tiles, made once per (batch, head) instead of
+// once per tile (98,304 16-token tiles in each of dq and dkv at B 8, H 12,
+// N 16384). Dynamic shared memory: one float per warp (the max).
+template <class K, bool kGradient>
+LUNAJIT_DEVICE void mma_reduce_and_stage(const BackwardArgs& args) {
+  constexpr int D = K::D, DV = K::dv, NT = K::threads, NW = NT / 32, R = K::state_splits;
+  constexpr long long kPart = (long long)D * DV + D;
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
+  const int bh = blockIdx.x, bh_count = args.problem.batch * args.problem.heads;
+  float* const part = args.workspace + (kGradient ? w.dstate : w.state) + (long long)bh * R * kPart;
+  float* const staged =
+      args.workspace + w.staged + (long long)((kGradient ? bh_count : 0) + bh) * backward_staged_floats(D, DV);
+  float* const red = reinterpret_cast<float*>(dynamic_smem());
+  float smax = 0.0f;
+  for (int e = threadIdx.x; e < kPart; e += NT) {
+    float x[R];
+#pragma unroll
+    for (int p = 0; p < R; ++p) x[p] = part[p * kPart + e];
+    float s = 0.0f;
+#pragma unroll
+    for (int p = 0; p < R; ++p) s += x[p];
+    if (R > 1) part[e] = s;
+    if (e < D * DV) smax = fmaxf(smax, fabsf(s));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = smax;
+  __syncthreads();  // the warps' maxima, and the sums (read below by other threads)
+  smax = red[0];
+  for (int i = 1; i < NW; ++i) smax = fmaxf(smax, red[i]);
+  const float scale = mma_detail::pow2_scale(smax);
+  unsigned* const hi = reinterpret_cast<unsigned*>(staged);
+  unsigned* const lo = hi + D * DV / 2;
+  for (int e = threadIdx.x; e < D * DV / 2; e += NT) {
+    // 0 + sum: a single partial's -0 becomes +0 as the readers' sums made it.
+    const float v0 = 0.0f + part[2 * e], v1 = 0.0f + part[2 * e + 1];
+    mma_detail::split_bf16x2(v0 * scale, v1 * scale, hi[e], lo[e]);
+  }
+  if (threadIdx.x == 0) staged[D * DV] = 1.0f / scale;  // a power of two: exact
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_backward_state_reduce_kernel(const BackwardArgs args) {
+  mma_reduce_and_stage<K, false>(args);
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) mma_dstate_reduce_kernel(const BackwardArgs args) {
+  mma_reduce_and_stage<K, true>(args);
+}
+
 // dq for one query tile: dphi(q) = G S^T + r z^T on mma (S~ scaled, r z^T in
 // fp32, r from G S^T: query_r, written to the workspace for mma_dstate_kernel),
 // then the feature map's backward. Grid (query tiles, batch*heads).
@@ -268,9 +349,11 @@ __global__ void __launch_bounds__(K::threads,
   float* dphi = smem + L.dphi;
   float* dparams = smem + L.dparams;
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, PV>(
-      a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, z,
-      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  // S as the reduce kernel staged it (2^-a S as bf16 hi + lo), z from partial 0.
+  const float unscale = mma_detail::load_staged_state<NT, D, DV, PV>(
+      a.workspace + w.staged + (long long)bh * backward_staged_floats(D, DV),
+      a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), z,
+      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo));
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   // phi(q)'s x copy in the dphi tile, free until the products' epilogue.
   static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in dphi");
@@ -339,9 +422,11 @@ __global__ void __launch_bounds__(K::threads,
   float* dphi = smem + L.dphi;
   float* dparams = smem + L.dparams;
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
-  const float unscale = mma_detail::stage_scaled_state<NT, D, DV, PV>(
-      a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), smem + L.state, dz,
-      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  // dS as the reduce kernel staged it, dz from partial 0.
+  const float unscale = mma_detail::load_staged_state<NT, D, DV, PV>(
+      a.workspace + w.staged + (long long)(bh_count + bh) * backward_staged_floats(D, DV),
+      a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dz,
+      reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo));
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, smem + L.v);
   __syncthreads();

@@ -12,6 +12,7 @@
 #include "codegen/cost_model.h"
 #include "codegen/feature_params.h"
 #include "codegen/launch_plan.h"
+#include "lunajit/layout.cuh"
 
 namespace lunajit {
 namespace {
@@ -315,7 +316,10 @@ TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
   // per (batch, head) (state_reduce after state; dstate_reduce after dstate),
   // one thread per entry of a (D dv + D) state, and the readers (output, dq,
   // dstate's z, dkv) read that one state: the model counts the reduction in
-  // the reduce kernels and none in the readers. s = 1 runs no reduce kernel.
+  // the reduce kernels and none in the readers. s = 1 runs no reduce kernel,
+  // except in the backward on tensor cores, whose reduce kernels (one block
+  // per batch*head) also stage S and dS as bf16 hi + lo words for the dq and
+  // dkv tiles, with one split too.
   const AttentionSpec s = default_spec(Family::luna);
   const ProblemShape shape{2, 3, 1000};
   const double BH = 6, D = s.feature_dim(), dv = s.value_dim, part = D * dv + D;
@@ -323,6 +327,8 @@ TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
     const TileConfig c4 = TileConfig(64, 4, 64, 64, 4).with_mma(mma);
     SCOPED_TRACE(c4.to_string());
     ASSERT_TRUE(state_reduced(s, c4, Pass::forward));
+    EXPECT_EQ(backward_state_staged(s, c4, Pass::backward), mma);
+    EXPECT_FALSE(backward_state_staged(s, c4, Pass::forward));
     EXPECT_EQ(kernel_roles(s, Pass::forward, c4), (std::vector<std::string>{"state", "state_reduce", "output"}));
     const unsigned entries = unsigned((part + 127) / 128);
     auto fwd = plan_launches(s, c4, Pass::forward, shape).value_or_throw();
@@ -335,16 +341,21 @@ TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
     for (const auto& l : bwd.launches) roles.push_back(l.role);
     EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_reduce", "dq", "dstate", "dstate_reduce", "dkv",
                                                "param_reduce"}));
+    // The staging reduce: one block per batch*head, one float per warp of shared memory.
+    EXPECT_EQ(bwd.launches[1].grid, (std::array<unsigned, 3>{6, mma ? 1 : entries, 1}));
+    EXPECT_EQ(bwd.launches[1].smem_bytes, mma ? 16 : 0);
     for (auto [pass, role] : {std::pair{Pass::forward, "state_reduce"}, std::pair{Pass::backward, "state_reduce"},
                               std::pair{Pass::backward, "dstate_reduce"}}) {
+      const double staged = mma && pass == Pass::backward ? 4 * BH * D * dv : 0;
       auto k = kernel_counts(s, c4, pass, role, shape).value_or_throw();
-      EXPECT_DOUBLE_EQ(k.bytes, 4 * BH * 4 * part + 4 * BH * part) << role;
-      EXPECT_DOUBLE_EQ(k.flops, BH * 4 * part) << role;
+      EXPECT_DOUBLE_EQ(k.bytes, 4 * BH * 4 * part + 4 * BH * part + staged) << role;
+      EXPECT_DOUBLE_EQ(k.flops, BH * 4 * part + staged) << role;
       EXPECT_EQ(k.tc_flops, 0) << role;
     }
     // The readers' bytes do not grow with the splits, nor their FLOPs.
     const TileConfig c1 = TileConfig(64, 4, 64, 64, 1).with_mma(mma);
-    EXPECT_FALSE(state_reduced(s, c1, Pass::backward));
+    EXPECT_EQ(state_reduced(s, c1, Pass::backward), mma);
+    EXPECT_FALSE(state_reduced(s, c1, Pass::forward));
     for (auto [pass, role] : {std::pair{Pass::forward, "output"}, std::pair{Pass::backward, "dq"},
                               std::pair{Pass::backward, "dkv"}}) {
       auto k4 = kernel_counts(s, c4, pass, role, shape).value_or_throw();
@@ -353,6 +364,17 @@ TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
       EXPECT_DOUBLE_EQ(k4.flops, k1.flops) << role;
     }
     EXPECT_EQ(plan_launches(s, c1, Pass::forward, shape).value_or_throw().launches.size(), 2u);
+    if (mma) {  // one split: the staging reduce reads the one partial and writes no sum
+      auto k = kernel_counts(s, c1, Pass::backward, "dstate_reduce", shape).value_or_throw();
+      EXPECT_DOUBLE_EQ(k.bytes, 4 * BH * part + 4 * BH * D * dv);
+      // The staged dq and dkv hold no fp32 state tile: D dv floats less shared memory.
+      for (BackwardKind kind : {BackwardKind::dq, BackwardKind::dkv}) {
+        BackwardDims p{64, 64, 64, 1, 0, 16, 128, 1160};
+        const int64_t with_tile = backward_smem_layout(kind, p).bytes();
+        p.staged_state = 1;
+        EXPECT_EQ(backward_smem_layout(kind, p).bytes(), with_tile - 4 * 64 * 64);
+      }
+    }
   }
   AttentionSpec causal = s;
   causal.causal = true;
