@@ -183,6 +183,7 @@ const std::vector<std::string>& host_compile_flags(bool instrumented) {
   static const std::vector<std::string> instrumented_flags = [] {
     std::vector<std::string> f = common;
     for (const char* extra : {"-O2", "-gline-tables-only", "-fno-vectorize", "-fno-slp-vectorize",
+                              "-ftrivial-auto-var-init=pattern",
                               "-DLUNAJIT_HOST_INSTRUMENTED=2" /* access pass version */}) {
       f.push_back(extra);
     }
