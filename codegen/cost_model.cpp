@@ -258,7 +258,7 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
 }
 
 // Bytes and FLOPs of the backward kernels of templates/lunajit/linear_attention_backward.cuh
-// (dstate, dq, dkv, causal_dq, causal_dkv, param_reduce); formulas in the header.
+// (dstate, dq, dkv, causal_dq, causal_dkv, param_reduce, param_sum); formulas in the header.
 Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c, std::string_view role,
                                      const ProblemShape& shape, bool tensor) {
   const double BH = double(shape.batch) * shape.heads, N = shape.seq;
@@ -401,11 +401,21 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.conflicted = BH * (full * one.conflicted + tail.conflicted);
     sp.sfu = BH * (full * one.sfu + tail.sfu);
     k.serial_steps = ceil_div(N, C);
-  } else {  // param_reduce
-    if (!learned) return Error::invalid("param_reduce: this feature map learns no parameters");
+  } else {  // param_reduce, param_sum
+    if (!learned) return Error::invalid(fmt::format("{}: this feature map learns no parameters", role));
     const double slots = 2 * BH * (tiles ? splits : s.causal ? 1 : nt);
-    k.bytes = 4 * P * slots + 4 * P * Hp;
-    k.flops = P * slots;
+    const int warps = c.threads() / 32;
+    const double groups = double(param_reduce_groups(static_cast<long long>(slots / Hp), warps));
+    if (role == "param_reduce") {
+      k.bytes = 4 * P * slots + 4 * P * Hp * groups;  // slots read, one sum per group written
+      k.flops = P * slots;
+      // Each warp's range, kParamLoads (8) loads in flight: one DRAM round trip per 8 slots.
+      k.serial_steps = std::ceil(slots / (Hp * groups * warps) / 8);
+    } else {
+      k.bytes = 4 * P * Hp * groups + 4 * P * Hp;  // group sums read, dparams written
+      k.flops = P * Hp * groups;
+      k.serial_steps = std::ceil(groups / warps / 8);
+    }
   }
   // phi on tensor cores (fp32-level, split) implies the J^T on them too
   // (MmaPhiSupport is stricter than MmaJacobianSupport), so sp.fm holds phi only.
@@ -466,7 +476,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
                                    const ProblemShape& shape) {
   if (auto st = validate(shape); !st) return st.error();
   const bool backward_role = role == "dstate" || role == "dq" || role == "dkv" || role == "causal_dq" ||
-                             role == "causal_dkv" || role == "param_reduce" || role == "state_scan" ||
+                             role == "causal_dkv" || role == "param_reduce" || role == "param_sum" || role == "state_scan" ||
                              role == "dstate_scan" || role == "dstate_reduce";
   const bool forward_only_role = role == "feature_map" || role == "output" || role == "causal_chunk";
   if (backward_role && pass != Pass::backward)
@@ -557,7 +567,7 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
   } else {
     return Error::invalid(fmt::format("kernel = {}: no cost formula (known: feature_map, key_stab, state, output, "
                                       "causal_chunk, state_reduce, dstate, dstate_reduce, dq, dkv, causal_dq, "
-                                      "causal_dkv, state_scan, dstate_scan, param_reduce)",
+                                      "causal_dkv, state_scan, dstate_scan, param_reduce, param_sum)",
                                       role));
   }
   const bool tc_phi = role != "feature_map" && role != "key_stab" && feature_map_on_tensor_cores(s, c, pass);

@@ -237,8 +237,13 @@
 //                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); serial steps pr
 //   param_reduce  (learned families only) with slots = 2 BH nt (non-causal), 2 BH R
 //                 (causal on tensor cores, R ranges) or 2 BH (the causal scans):
-//                 bytes = 4 P slots (read) + 4 P Hp (dparams written)
+//                 and G = param_reduce_groups(slots / Hp, warps) groups per head block
+//                 (templates/lunajit/layout.cuh: ~256 slots a warp):
+//                 bytes = 4 P slots (read) + 4 P Hp G (group sums written)
 //                 flops = P slots (one add per slot entry)
+//                 serial steps ceil(slots / (Hp G warps) / 8) (8 loads in flight a lane)
+//   param_sum     bytes = 4 P Hp G (read) + 4 P Hp (dparams written); flops = P Hp G
+//                 serial steps ceil(G / warps / 8)
 //   J, the Jacobian-transpose of one row (jacobian_per_row in cost_model.cpp):
 //   - LUNA's neural map with shared channels: counted. With a = act activation
 //     FLOPs, a' its derivative's (relu 1, gelu 9, silu 6, tanh 3), o the output
@@ -333,7 +338,7 @@ double feature_map_flops_per_token(const AttentionSpec& spec, bool is_query);
 // "key_stab"; forward: "key_stab", "state", "state_reduce", "output",
 // "causal_chunk"; backward: "key_stab", "state", "state_reduce", "dstate",
 // "dstate_reduce", "dq", "dkv", "causal_dq", "causal_dkv", "state_scan",
-// "dstate_scan", "param_reduce") for one launch at `shape`; the launch fields
+// "dstate_scan", "param_reduce", "param_sum") for one launch at `shape`; the launch fields
 // keep their defaults. Error for a role the pass has no such kernel for
 // (key_stab off performer, param_reduce for a family without learned
 // parameters, an unknown role). The backward FLOPs include one estimated

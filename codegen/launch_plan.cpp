@@ -75,7 +75,7 @@ std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass) {
     case Pass::backward:
       if (spec.causal) roles.insert(roles.end(), {"causal_dq", "causal_dkv"});
       else roles.insert(roles.end(), {"state", "dstate", "dq", "dkv"});
-      if (has_learned_params(spec)) roles.push_back("param_reduce");
+      if (has_learned_params(spec)) roles.insert(roles.end(), {"param_reduce", "param_sum"});
       break;
   }
   return roles;
@@ -186,7 +186,7 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
   if (role == "dkv") return backward_smem_layout(BackwardKind::dkv, backward_dims(spec, c)).bytes();
   if (role == "causal_dq") return backward_smem_layout(BackwardKind::causal_dq, backward_dims(spec, c)).bytes();
   if (role == "causal_dkv") return backward_smem_layout(BackwardKind::causal_dkv, backward_dims(spec, c)).bytes();
-  if (role == "param_reduce") return 4LL * c.threads();  // one partial per thread (its warps' ranges)
+  if (role == "param_reduce" || role == "param_sum") return 4LL * c.threads();  // one partial per thread
   auto dims = [&](int tokens) {
     return LayoutDims{spec.head_dim, spec.feature_dim(), feature_map_scratch_per_row(spec), c.dv_block(), tokens,
                       c.threads(), running_max(spec)};
@@ -281,8 +281,14 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("dkv", {tiles, static_cast<unsigned>(bh), 1});
       }
       if (p.param_floats > 0) {
+        // 32 parameters a block; param_reduce cuts each head block's slots into groups, param_sum adds those.
         const unsigned blocks = spec.params_per_head ? static_cast<unsigned>(shape.heads) : 1u;
-        add("param_reduce", {ceil_div(p.param_floats, 32), blocks, 1});  // 32 parameters a block
+        const long long slots = backward_slots(static_cast<int>(bh), shape.seq, spec.causal, p.tokens,
+                                               causal_backward_tiles(spec, c, pass), c.state_splits()) /
+                                blocks;
+        const auto groups = static_cast<unsigned>(param_reduce_groups(slots, c.threads() / 32));
+        add("param_reduce", {ceil_div(p.param_floats, 32), groups, blocks});
+        add("param_sum", {ceil_div(p.param_floats, 32), blocks, 1});
       }
       plan.workspace_floats =
           backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,

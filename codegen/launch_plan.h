@@ -40,8 +40,9 @@ struct LaunchPlan {
 
 // The kernels of a pass in launch order, by role: "key_stab" (performer),
 // "feature_map"; forward "state", "output" | "causal_chunk"; backward "state",
-// "dstate", "dq", "dkv" | "causal_dq", "causal_dkv", then "param_reduce" when
-// the family learns parameters.
+// "dstate", "dq", "dkv" | "causal_dq", "causal_dkv", then "param_reduce" and
+// "param_sum" (the slots summed per group, then the groups) when the family
+// learns parameters.
 std::vector<std::string> kernel_roles(const AttentionSpec& spec, Pass pass);
 // The same for one config: a non-causal pass with state_splits > 1 runs
 // "state_reduce" after "state" (and the backward "dstate_reduce" after

@@ -428,6 +428,16 @@ LUNAJIT_HOST_DEVICE constexpr long long backward_slots(int batch_heads, int seq,
   return causal ? 2LL * batch_heads : 2LL * batch_heads * ((seq + tokens - 1) / tokens);
 }
 
+// Groups of the parameter-gradient reduction (param_reduce_kernel): a head
+// block's `slots` slot list cut into consecutive groups of about 256 slots a
+// warp (8 loads in flight per lane, 32 rounds), at most the grid's 65535 in y
+// and at most `slots` (no group is empty).
+LUNAJIT_HOST_DEVICE constexpr long long param_reduce_groups(long long slots, int warps) {
+  const long long per_group = 256LL * warps;
+  const long long g = (slots + per_group - 1) / per_group;
+  return g < 1 ? 1 : g > 65535 ? 65535 : g;
+}
+
 // Workspace of the backward pass (floats): key stabiliser, state partials and
 // their gradients (non-causal: one per split; the tensor-core causal backward,
 // causal_tiles: one per super-chunk range, turned into the exclusive prefix

@@ -18,8 +18,8 @@
 //   dphi(k_j) = sum_{i>=j in c} B_ij phi(q_i) + dS_>c v_j + dz_>c
 //   dv_j      = sum_{i>=j in c} A_ij g_i + dS_>c^T phi(k_j),            A_ij = phi(q_i) . phi(k_j)
 // Parameter gradients: every block that maps dphi back writes its partial
-// to its own workspace slot; param_reduce_kernel sums the slots in a fixed
-// order. No floating-point atomics: two runs give bitwise-equal gradients.
+// to its own workspace slot; param_reduce_kernel and param_sum_kernel sum
+// the slots in a fixed order. No floating-point atomics: two runs give bitwise-equal gradients.
 #pragma once
 
 #include "lunajit/feature_map_backward.cuh"
@@ -885,15 +885,83 @@ __global__ void __launch_bounds__(K::threads) dstate_scan_kernel(const BackwardA
   }
 }
 
-// dparams[block][p] = sum of the slots of that parameter block, in a fixed
-// order. Grid (ceil(param_floats / 32), blocks), dynamic shared memory
-// K::threads floats: a block takes 32 consecutive parameters (one 128-byte
-// line per slot and warp) and its NW warps split the block's n slots, listed
-// in the order (side, batch, head, tile), into NW consecutive ranges; warp w
-// sums range w in slot order, and warp 0 then adds the NW partials in warp
-// order. (One thread per parameter summing every slot, as before, left a
-// default LUNA backward at B 8, H 12, N 16384 with 120 blocks of 4 warps
-// reading 0.9 GB of slots, 16,384 dependent loads per thread.)
+// The parameter gradient: dparams[hb][p] = the sum of head block hb's slots
+// (per-head parameters: head hb's; shared: every head's), in two launches, in
+// a fixed order (bitwise deterministic):
+//   param_reduce_kernel, grid (ceil(P / 32), G, Hp): the block's slot list is
+//     cut into G consecutive groups (param_reduce_groups: about 256 slots a
+//     warp); block (x, gi, hb) takes 32 consecutive parameters (one 128-byte
+//     line per slot and warp) of group gi, its NW warps sum NW consecutive
+//     ranges of it, each with kParamLoads independent accumulators (slot e
+//     into accumulator e mod kParamLoads, added in a fixed tree), and warp 0
+//     adds the warps' sums in warp order and writes the group's sum over the
+//     group's first slot (in place: no other block reads those 32 columns of
+//     that slot).
+//   param_sum_kernel, grid (ceil(P / 32), Hp): the G group sums, in the same
+//     way (warps over consecutive ranges of groups, then warp order).
+// Before this, one launch of (ceil(P / 32), Hp) blocks had each warp walk a
+// quarter of the slots one dependent load at a time: at B 8, H 12, N 16384
+// the default LUNA backward's 196,608 slots gave every warp 49,152 loads in
+// series, latency-bound (tens of ms on a GPU where the bytes take 0.2 ms).
+// Dynamic shared memory: one partial per thread, both kernels.
+template <class K>
+struct ParamSlots {
+  long long n;       // slots in the list of one head block
+  long long tiles;   // slots per (side, batch, head)
+  long long stride;  // workspace slots from one (side, batch[, head]) run of the list to the next
+  long long hoff;    // per-head parameters: head hb's first slot within a (side, batch) run
+  LUNAJIT_DEVICE ParamSlots(const BackwardArgs& a, int hb) {
+    using Tr = BackwardTraits<K>;
+    // One per tile (non-causal), one per range (the tensor-core causal walks), one (the causal scans).
+    tiles = Tr::kCausalTiles ? K::state_splits : K::causal ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
+    const int heads_summed = K::params_per_head ? 1 : a.problem.heads;
+    n = 2LL * a.problem.batch * heads_summed * tiles;
+    stride = K::params_per_head ? tiles * a.problem.heads : tiles;
+    hoff = K::params_per_head ? tiles * hb : 0;
+  }
+  // The list is (side, batch, head, tile); the workspace holds slot
+  // ((side B + b) H + h) tiles + t: list entry e's workspace slot.
+  LUNAJIT_DEVICE long long slot(long long e) const { return e / tiles * stride + hoff + e % tiles; }
+  LUNAJIT_DEVICE long long group_begin(long long gi, long long groups) const { return n * gi / groups; }
+};
+
+constexpr int kParamLoads = 8;  // loads in flight per lane
+
+// Sum of col[slot(e) * PF] over list entries e in [begin, end): entry e into
+// accumulator (e - begin) mod kParamLoads, then a fixed tree. `slot` maps an
+// entry to its row; the rows of consecutive entries are walked by carries.
+template <int PF, class Rows>
+LUNAJIT_DEVICE float sum_param_rows(const float* col, long long begin, long long end, Rows rows) {
+  float acc[kParamLoads];
+#pragma unroll
+  for (int u = 0; u < kParamLoads; ++u) acc[u] = 0.0f;
+  for (long long e = begin; e < end; e += kParamLoads) {
+    float v[kParamLoads];
+#pragma unroll
+    for (int u = 0; u < kParamLoads; ++u) v[u] = e + u < end ? col[rows(e + u) * PF] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kParamLoads; ++u) acc[u] += v[u];
+  }
+#pragma unroll
+  for (int w = 1; w < kParamLoads; w *= 2)
+#pragma unroll
+    for (int u = 0; u < kParamLoads; u += 2 * w) acc[u] += acc[u + w];
+  return acc[0];
+}
+
+// Adds the block's per-thread partials in warp order (warp 0 lane l: parameter
+// column l); the total, for warp 0's lanes.
+template <int NT>
+LUNAJIT_DEVICE float sum_warp_partials(float s) {
+  float* partial = reinterpret_cast<float*>(dynamic_smem());
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x < 32)
+    for (int v = 0; v < NT / 32; ++v) total += partial[v * 32 + threadIdx.x];
+  return total;
+}
+
 template <class K>
 __global__ void __launch_bounds__(K::threads) param_reduce_kernel(const BackwardArgs a) {
   using Tr = BackwardTraits<K>;
@@ -901,48 +969,36 @@ __global__ void __launch_bounds__(K::threads) param_reduce_kernel(const Backward
     constexpr int PF = Tr::kParamFloats, NW = K::threads / 32;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int p = blockIdx.x * 32 + lane;
-    const BackwardWorkspace w = Tr::workspace(a.problem);
-    const int heads = a.problem.heads, batch = a.problem.batch, bh_count = batch * heads;
-    // Slots per (side, batch, head): one per tile (non-causal), one per range
-    // (the tensor-core causal walks), one (the causal scans).
-    const long long tiles = Tr::kCausalTiles ? K::state_splits
-                            : K::causal      ? 1
-                                             : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
-    const int hb = blockIdx.y;
-    const int heads_summed = K::params_per_head ? 1 : heads;  // per-head parameters: head hb's slots only
-    const long long n = 2LL * batch * heads_summed * tiles;
-    const long long begin = n * warp / NW, end = n * (warp + 1) / NW;
-    const float* slots = a.workspace + w.slots;
-    float s = 0.0f;
-    if (p < PF && begin < end) {
-      // Slot e = ((side B + b) heads_summed + hh) tiles + t, i.e. workspace slot
-      // ((side BH + b H + h) tiles + t): decomposed once, then walked by carries.
-      long long t = begin % tiles;
-      int hh = (int)((begin / tiles) % heads_summed), sb = (int)(begin / tiles / heads_summed);
-      const float* row = nullptr;
-      for (long long e = begin; e < end; ++e) {
-        if (e == begin || t == 0) {
-          const int side = sb / batch, b = sb - side * batch, h = K::params_per_head ? hb : hh;
-          row = slots + ((long long)side * bh_count + b * heads + h) * tiles * PF + p;
-        }
-        s += row[t * PF];
-        if (++t == tiles) {
-          t = 0;
-          if (++hh == heads_summed) {
-            hh = 0;
-            ++sb;
-          }
-        }
-      }
-    }
-    float* partial = reinterpret_cast<float*>(dynamic_smem());
-    partial[threadIdx.x] = s;
-    __syncthreads();
-    if (warp == 0 && p < PF) {
-      float total = 0.0f;
-      for (int v = 0; v < NW; ++v) total += partial[v * 32 + lane];
-      a.dparams[(long long)hb * PF + p] = total;
-    }
+    const ParamSlots<K> ps(a, blockIdx.z);
+    const long long groups = param_reduce_groups(ps.n, NW), gi = blockIdx.y;
+    const long long gb = ps.group_begin(gi, groups), ge = ps.group_begin(gi + 1, groups);
+    const long long begin = gb + (ge - gb) * warp / NW, end = gb + (ge - gb) * (warp + 1) / NW;
+    float* const col = a.workspace + Tr::workspace(a.problem).slots + p;
+    const float s = p < PF && begin < end ? sum_param_rows<PF>(col, begin, end, [&](long long e) { return ps.slot(e); })
+                                          : 0.0f;
+    const float total = sum_warp_partials<K::threads>(s);
+    if (warp == 0 && p < PF && gb < ge) col[ps.slot(gb) * PF] = total;
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::threads) param_sum_kernel(const BackwardArgs a) {
+  using Tr = BackwardTraits<K>;
+  if constexpr (Tr::kLearned) {
+    constexpr int PF = Tr::kParamFloats, NW = K::threads / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int p = blockIdx.x * 32 + lane, hb = blockIdx.y;
+    const ParamSlots<K> ps(a, hb);
+    const long long groups = param_reduce_groups(ps.n, NW);
+    const long long begin = groups * warp / NW, end = groups * (warp + 1) / NW;
+    const float* const col = a.workspace + Tr::workspace(a.problem).slots + p;
+    // No group is empty while n >= 1 (param_reduce_groups <= n); n = 0 has no slots.
+    const float s = p < PF && ps.n > 0 && begin < end
+                        ? sum_param_rows<PF>(col, begin, end,
+                                             [&](long long gi) { return ps.slot(ps.group_begin(gi, groups)); })
+                        : 0.0f;
+    const float total = sum_warp_partials<K::threads>(s);
+    if (warp == 0 && p < PF) a.dparams[(long long)hb * PF + p] = total;
   }
 }
 

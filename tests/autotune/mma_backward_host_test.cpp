@@ -450,7 +450,7 @@ TEST(MmaBackwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
       auto rep = check_backward(backend, spec, config, opt);
       ASSERT_TRUE(rep.ok()) << rep.error().message;
       EXPECT_TRUE(rep->pass);
-      // state, dstate, dq, dkv (+ key_stab, param_reduce); causal: state, two scans, dq, dkv (+ param_reduce)
+      // state, dstate, dq, dkv (+ key_stab, param_reduce, param_sum); causal: state, two scans, dq, dkv (+ both)
       EXPECT_GE(backend.sanitized_launches(), causal ? 5u : 4u);
       EXPECT_TRUE(backend.last_findings().empty());
       reps.push_back(*rep);
@@ -547,7 +547,7 @@ TEST(MmaBackwardConfig, CanImplementRulesAndSearchSpace) {
       EXPECT_EQ(e.name_expression.rfind("lunajit::mma_", 0) == 0, gemm) << e.role << " " << e.name_expression;
     }
     EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_scan", "causal_dq", "dstate_scan", "causal_dkv",
-                                               "param_reduce"}));
+                                               "param_reduce", "param_sum"}));
   }
   // The bf16 and fp16 backward spaces (causal too) hold both variants; fp32
   // and the causal performer's have no mma backward configs.

@@ -311,6 +311,52 @@ TEST(CostModelPredict, PassSumsItsKernelsAndUsesTheLaunchPlan) {
   EXPECT_EQ(p.counts[0].threads, int(plan.launches[0].threads));
 }
 
+TEST(CostModelPlan, ParamReduceCutsTheSlotsIntoGroups) {
+  // The parameter gradient in two launches (templates/lunajit/
+  // linear_attention_backward.cuh): param_reduce over (ceil(P / 32), G, Hp)
+  // sums groups of ~256 slots a warp (8 loads in flight a lane), param_sum
+  // adds the G group sums. At the shape the default LUNA backward
+  // (per-head parameters, 16-token tiles, one slot per tile and side) has
+  // 16,384 slots a head: 16 groups of 1024, 32 serial load rounds a warp,
+  // where the single launch before walked 4,096 dependent loads a warp.
+  const AttentionSpec s = default_spec(Family::luna);
+  ASSERT_TRUE(s.params_per_head);
+  const ProblemShape shape{8, 12, 16384};
+  const TileConfig c = TileConfig(16, 4, 64, 64, 4).with_mma(true);
+  const double P = double(param_layout(s).per_head_floats), slots = 2.0 * 96 * 1024;
+  const unsigned cols = unsigned((P + 31) / 32);
+  auto last_two = [&](const AttentionSpec& spec) {
+    auto plan = plan_launches(spec, c, Pass::backward, shape).value_or_throw();
+    EXPECT_GE(plan.launches.size(), 2u);
+    return std::pair{plan.launches[plan.launches.size() - 2], plan.launches.back()};
+  };
+  auto [reduce, sum] = last_two(s);
+  EXPECT_EQ(reduce.role, "param_reduce");
+  EXPECT_EQ(reduce.grid, (std::array<unsigned, 3>{cols, 16, 12}));
+  EXPECT_EQ(reduce.smem_bytes, 4 * 128);
+  EXPECT_EQ(sum.role, "param_sum");
+  EXPECT_EQ(sum.grid, (std::array<unsigned, 3>{cols, 12, 1}));
+  auto r = kernel_counts(s, c, Pass::backward, "param_reduce", shape).value_or_throw();
+  EXPECT_DOUBLE_EQ(r.bytes, 4 * P * slots + 4 * P * 12 * 16);
+  EXPECT_DOUBLE_EQ(r.flops, P * slots);
+  EXPECT_DOUBLE_EQ(r.serial_steps, 32);  // 1024 slots / 4 warps / 8 loads
+  auto t = kernel_counts(s, c, Pass::backward, "param_sum", shape).value_or_throw();
+  EXPECT_DOUBLE_EQ(t.bytes, 4 * P * 12 * 16 + 4 * P * 12);
+  EXPECT_DOUBLE_EQ(t.flops, P * 12 * 16);
+  EXPECT_DOUBLE_EQ(t.serial_steps, 1);  // 16 groups / 4 warps / 8 loads
+  // Shared parameters: one list of every head's slots, 192 groups.
+  AttentionSpec shared = s;
+  shared.params_per_head = false;
+  auto [reduce_s, sum_s] = last_two(shared);
+  EXPECT_EQ(reduce_s.grid, (std::array<unsigned, 3>{cols, 192, 1}));
+  EXPECT_EQ(sum_s.grid, (std::array<unsigned, 3>{cols, 1, 1}));
+  auto ts = kernel_counts(shared, c, Pass::backward, "param_sum", shape).value_or_throw();
+  EXPECT_DOUBLE_EQ(ts.bytes, 4 * P * 192 + 4 * P);
+  EXPECT_DOUBLE_EQ(ts.serial_steps, 6);  // 192 groups / 4 warps / 8 loads
+  // A family without learned parameters has neither.
+  EXPECT_FALSE(kernel_counts(default_spec(Family::elu), c, Pass::backward, "param_sum", shape).ok());
+}
+
 TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
   // With state_splits s > 1 the non-causal passes sum the split partials once
   // per (batch, head) (state_reduce after state; dstate_reduce after dstate),
@@ -340,7 +386,7 @@ TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
     std::vector<std::string> roles;
     for (const auto& l : bwd.launches) roles.push_back(l.role);
     EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_reduce", "dq", "dstate", "dstate_reduce", "dkv",
-                                               "param_reduce"}));
+                                               "param_reduce", "param_sum"}));
     // The staging reduce: one block per batch*head, one float per warp of shared memory.
     EXPECT_EQ(bwd.launches[1].grid, (std::array<unsigned, 3>{6, mma ? 1 : entries, 1}));
     EXPECT_EQ(bwd.launches[1].smem_bytes, mma ? 16 : 0);
@@ -437,7 +483,7 @@ TEST(CostModelPlan, CausalBackwardOnTensorCoresWalksSuperChunks) {
   std::vector<std::string> roles;
   for (const auto& l : plan.launches) roles.push_back(l.role);
   EXPECT_EQ(roles, (std::vector<std::string>{"state", "state_scan", "causal_dq", "dstate_scan", "causal_dkv",
-                                             "param_reduce"}));
+                                             "param_reduce", "param_sum"}));
   const unsigned part = 64 * 64 + 64, entries = (part + 255) / 256;
   EXPECT_EQ(plan.launches[0].grid, (std::array<unsigned, 3>{6, 4, 1}));
   EXPECT_EQ(plan.launches[1].grid, (std::array<unsigned, 3>{6, entries, 1}));

@@ -484,8 +484,8 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
     if (p["pass"] == "backward" && p["status"] == "skipped") EXPECT_FALSE(p["note"].get<std::string>().empty());
     if (p["pass"] == "backward" && p["status"] == "reported") {
       for (const char* role : p["causal"].get<bool>()
-                                  ? std::vector<const char*>{"causal_dq", "causal_dkv", "param_reduce"}
-                                  : std::vector<const char*>{"state", "dstate", "dq", "dkv", "param_reduce"})
+                                  ? std::vector<const char*>{"causal_dq", "causal_dkv", "param_reduce", "param_sum"}
+                                  : std::vector<const char*>{"state", "dstate", "dq", "dkv", "param_reduce", "param_sum"})
         EXPECT_TRUE(roles.count(std::string("backward:") + role)) << role;
     }
   }

@@ -105,7 +105,7 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
 // The tensor-core backward (bf16 and fp16, TileConfig::mma): for the default
 // LUNA spec's backward tiles with mma on, the state, dstate, dq and dkv
 // kernels (causal, bf16: state, causal_dq, causal_dkv) contain mma.sync and
-// ldmatrix and nothing spills on sm_80 and sm_90; param_reduce and the causal
+// ldmatrix and nothing spills on sm_80 and sm_90; param_reduce, param_sum and the causal
 // state scans (fixed-order sums, not GEMM-shaped) have no mma.
 // The operands are bf16 for fp16 I/O too (V split into hi + lo): no f16 mma.
 TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
