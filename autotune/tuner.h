@@ -73,7 +73,7 @@ struct TuneOptions {
   bool exhaustive = false;        // compile, check and rank every candidate (no pre-ranking)
   int threads = 0;                // compile/check workers; 0: std::thread::hardware_concurrency()
   bool check = true;              // step 3 (off only for tests that look at compilation alone)
-  CheckOptions check_options{{1, 2, 70}, 7};  // the small shape of step 3
+  CheckOptions check_options{.shape = {1, 2, 70}, .seed = 7};  // the small shape of step 3
   bool retune = false;            // ignore what the database holds
   NvrtcOptions nvrtc;             // step 2's compile options (and binary cache)
   std::function<void(const TuneProgress&)> progress;

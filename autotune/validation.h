@@ -41,7 +41,7 @@ struct CheckOptions {
   double input_scale = 1.0;  // inputs ~ N(0, input_scale^2)
   // Tests only: judge the kernel against the reference of another spec (with
   // the same dims), to show that a wrong result is caught.
-  std::optional<AttentionSpec> reference_spec;
+  std::optional<AttentionSpec> reference_spec{};
 };
 
 struct CheckReport {

@@ -441,7 +441,9 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
   const json& r = report_;
   EXPECT_EQ(r["schema_version"], kReportSchemaVersion);
   const bool have_gpu = !r["machine"]["device"].is_null();
-  if (!have_gpu) EXPECT_EQ(r["machine"]["mode"], "predicted");
+  if (!have_gpu) {
+    EXPECT_EQ(r["machine"]["mode"], "predicted");
+  }
   std::set<std::string> archs, roles;
   for (const auto& k : r["kernels"]) {
     archs.insert(k["arch"].get<std::string>());
@@ -481,7 +483,9 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
   // The backward is reported when the generator accepts it, else listed as skipped with the reason;
   // reported, every backward kernel has a cost and a predicted time (checked in the loop above).
   for (const auto& p : r["passes"]) {
-    if (p["pass"] == "backward" && p["status"] == "skipped") EXPECT_FALSE(p["note"].get<std::string>().empty());
+    if (p["pass"] == "backward" && p["status"] == "skipped") {
+      EXPECT_FALSE(p["note"].get<std::string>().empty());
+    }
     if (p["pass"] == "backward" && p["status"] == "reported") {
       for (const char* role : p["causal"].get<bool>()
                                   ? std::vector<const char*>{"causal_dq", "causal_dkv", "param_reduce", "param_sum"}
@@ -491,7 +495,9 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
   }
   // sm_100 is predicted on its representative product.
   for (const auto& a : r["archs"])
-    if (a["arch"] == "sm_100") EXPECT_EQ(a["gpu"]["key"], "b200");
+    if (a["arch"] == "sm_100") {
+      EXPECT_EQ(a["gpu"]["key"], "b200");
+    }
 }
 
 // Every cell of the Markdown table equals the JSON's value, as text and as a number.
