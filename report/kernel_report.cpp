@@ -46,10 +46,10 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 // pass, the sites of block (0,0,0) with wavefronts above the conflict-free count.
 json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variants, const Arch& arch,
                   const ProblemShape& first, json& notes) {
-  const ProblemShape shape{1, 1, std::min(first.seq, 128)};
+  const ProblemShape shape{1, 1, std::min(first.seq, 256)};
   HostBackend host;
   host.set_sanitize(host::parse_sanitize("banks").value_or_throw());
-  json sites = json::array();
+  json sites = json::array(), kernels = json::array();
   std::uint64_t total = 0, ideal = 0;
   for (bool causal : variants) {
     AttentionSpec spec = spec_in;
@@ -71,6 +71,19 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
                                     first_line(st.error().message)));
         continue;
       }
+      // Per kernel of the pass: block (0,0,0)'s wavefronts beside the cost
+      // model's shared-memory wavefronts per block at the same shape (its
+      // layout formulas; they also count the feature map's parameter reads
+      // through the L1 datapath, which the emulator does not see).
+      const TileConfig config = default_config(spec, arch, pass);
+      std::map<std::string, std::string> role_of;  // name expression -> role
+      if (auto src = generate(spec, config, pass))
+        for (const KernelEntry& e : src->entries) role_of[e.name_expression] = e.role;
+      std::map<std::string, std::pair<double, double>> model;  // role -> (wavefronts per block, blocks)
+      if (auto counts = pass_counts(spec, config, pass, shape))
+        for (const KernelCounts& c : *counts)
+          model[c.role] = {c.blocks > 0 ? c.smem_wavefronts / c.blocks : 0.0, c.blocks};
+      std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> per_kernel;  // kernel -> (wavefronts, ideal)
       // What this pass added to the process-wide statistics.
       for (const host::KernelBankSite& k : host::bank_sites_so_far()) {
         std::uint64_t ex = k.site.executions, wf = k.site.wavefronts, id = k.site.ideal;
@@ -82,9 +95,12 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
             id -= b.site.ideal;
           }
         }
-        if (ex == 0) continue;
+        // Only the pass's own kernels: a backward check runs the forward's first.
+        if (ex == 0 || role_of.count(k.kernel) == 0) continue;
         total += wf;
         ideal += id;
+        per_kernel[k.kernel].first += wf;
+        per_kernel[k.kernel].second += id;
         if (wf == id) continue;
         std::string file = k.site.file;
         if (auto slash = file.rfind('/'); slash != std::string::npos) file = file.substr(slash + 1);
@@ -94,6 +110,20 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
                          {"warp_accesses", ex}, {"wavefronts", wf}, {"conflict_free_wavefronts", id},
                          {"wavefronts_per_access", static_cast<double>(wf) / static_cast<double>(ex)}});
       }
+      for (const auto& [kernel, counts] : per_kernel) {
+        const auto role = role_of.find(kernel);
+        json row = {{"causal", causal},
+                    {"pass", to_string(pass)},
+                    {"kernel", kernel},
+                    {"role", role->second},
+                    {"wavefronts", counts.first},
+                    {"conflict_free_wavefronts", counts.second}};
+        if (auto m = model.find(role->second); m != model.end()) {
+          row["model_wavefronts_per_block"] = m->second.first;
+          row["blocks"] = m->second.second;
+        }
+        kernels.push_back(std::move(row));
+      }
     }
   }
   std::stable_sort(sites.begin(), sites.end(), [](const json& a, const json& b) {
@@ -102,7 +132,7 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
   });
   if (sites.size() > 30) sites.erase(sites.begin() + 30, sites.end());
   return {{"shape", shape_json(shape)}, {"arch", arch.name()}, {"block", "(0,0,0)"}, {"total_wavefronts", total},
-          {"conflict_free_wavefronts", ideal}, {"sites", sites}};
+          {"conflict_free_wavefronts", ideal}, {"kernels", kernels}, {"sites", sites}};
 }
 
 json arch_json(const Arch& a, const GpuSpec* gpu, bool gpu_is_device) {

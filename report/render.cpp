@@ -427,12 +427,27 @@ std::string render_markdown(const json& r) {
     const json& b = r.at("bank_conflicts");
     const json& sh = b.at("shape");
     s += fmt::format("\n## Shared-memory bank conflicts (host-profiled)\n\nBlock {} of every kernel at B,H,N = {},{},{} "
-                     "(default config of {}): {} wavefronts where a conflict-free layout needs {}. Worst sites:\n\n"
-                     "| causal | pass | kernel | site | access | bytes | warp accesses | wavefronts | conflict-free | per "
-                     "access |\n|---|---|---|---|---|---:|---:|---:|---:|---:|\n",
+                     "(default config of {}): {} wavefronts where a conflict-free layout needs {}.\n",
                      b.at("block").get<std::string>(), sh.at("batch").get<int>(), sh.at("heads").get<int>(),
                      sh.at("seq").get<int>(), b.at("arch").get<std::string>(), b.at("total_wavefronts").get<std::uint64_t>(),
                      b.at("conflict_free_wavefronts").get<std::uint64_t>());
+    if (b.contains("kernels") && !b.at("kernels").empty()) {
+      s += "\nPer kernel: block (0,0,0)'s shared-memory wavefronts (emulator) beside the cost model's per block "
+           "(its layout formulas, which also count parameter reads through L1):\n\n"
+           "| causal | pass | role | wavefronts | conflict-free | model per block | emulator / model |\n"
+           "|---|---|---|---:|---:|---:|---:|\n";
+      for (const auto& x : b.at("kernels")) {
+        const double wf = static_cast<double>(x.at("wavefronts").get<std::uint64_t>());
+        const bool m = x.contains("model_wavefronts_per_block");
+        const double mw = m ? x.at("model_wavefronts_per_block").get<double>() : 0.0;
+        s += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", x.at("causal").get<bool>() ? "causal" : "non-causal",
+                         x.at("pass").get<std::string>(), x.at("role").get<std::string>(), wf,
+                         x.at("conflict_free_wavefronts").get<std::uint64_t>(), m ? fmt::format("{:.0f}", mw) : "-",
+                         m && mw > 0 ? fmt::format("{:.2f}", wf / mw) : "-");
+      }
+    }
+    s += "\nWorst sites:\n\n| causal | pass | kernel | site | access | bytes | warp accesses | wavefronts | "
+         "conflict-free | per access |\n|---|---|---|---|---|---:|---:|---:|---:|---:|\n";
     for (const auto& x : b.at("sites"))
       s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1f} |\n",
                        x.at("causal").get<bool>() ? "causal" : "non-causal", x.at("pass").get<std::string>(),

@@ -427,10 +427,34 @@ TEST(ReportBanks, HostProfiledTableValidatesAndNamesTheWorstSites) {
   ASSERT_FALSE(b.at("sites").empty());
   const json& worst = b.at("sites")[0];
   EXPECT_GT(worst.at("wavefronts").get<std::uint64_t>(), worst.at("conflict_free_wavefronts").get<std::uint64_t>());
+  // Per kernel: the emulator's count of block (0,0,0) beside the model's per
+  // block, for the kernels of each pass's own plan (not the forward's kernels
+  // that a backward check runs first), and the per-kernel sums make the total.
+  std::uint64_t summed = 0;
+  std::set<std::string> seen;
+  for (const json& k : b.at("kernels")) {
+    const std::string key = fmt::format("{}:{}:{}", k.at("causal").get<bool>() ? "causal" : "non-causal",
+                                        k.at("pass").get<std::string>(), k.at("role").get<std::string>());
+    EXPECT_TRUE(seen.insert(key).second) << "one row per kernel and pass: " << key;
+    summed += k.at("wavefronts").get<std::uint64_t>();
+    EXPECT_GE(k.at("wavefronts").get<std::uint64_t>(), k.at("conflict_free_wavefronts").get<std::uint64_t>()) << key;
+    if (k.at("role") == "dq" || k.at("role") == "causal_dq" || k.at("role") == "output" ||
+        k.at("role") == "causal_chunk") {
+      ASSERT_TRUE(k.contains("model_wavefronts_per_block")) << key;
+      EXPECT_GT(k.at("model_wavefronts_per_block").get<double>(), 0.0) << key;
+      EXPECT_GE(k.at("blocks").get<double>(), 1.0) << key;
+    }
+  }
+  for (const char* key : {"non-causal:forward:output", "non-causal:backward:dq", "causal:forward:causal_chunk",
+                          "causal:backward:causal_dq"})
+    EXPECT_TRUE(seen.count(key)) << key << " missing from " << b.at("kernels").dump();
+  EXPECT_EQ(summed, b.at("total_wavefronts").get<std::uint64_t>());
   ASSERT_TRUE(write_report(*r, dir));
   const std::string md = slurp(dir / "report.md");
   EXPECT_NE(md.find("## Shared-memory bank conflicts (host-profiled)"), std::string::npos);
   EXPECT_NE(md.find(worst.at("site").get<std::string>()), std::string::npos);
+  EXPECT_NE(md.find("| causal | pass | role | wavefronts | conflict-free | model per block | emulator / model |"),
+            std::string::npos);
   const fs::path schema = fs::path(LUNAJIT_SOURCE_DIR) / "docs/report_schema.json";
   const std::string script = fs::path(LUNAJIT_SOURCE_DIR) / "tests/report/validate_report.py";
   EXPECT_EQ(run(fmt::format("{} {} {} {}", LUNAJIT_PYTHON3, script, schema.string(), (dir / "report.json").string())), 0);
