@@ -15,7 +15,9 @@
 #       backward), the benchmark against the eager ATen composition and torch
 #       SDPA (bench/gpu_bench.py: B=8, H=12, d=64, N in {1K,4K,16K}, bf16, causal
 #       and not; lunajit vs eager outputs and gradients up to 4K), the measured
-#       kernel report (predicted beside measured per kernel), the CUDA runtime
+#       kernel report (predicted beside measured per kernel), an Nsight Compute
+#       profile of the default spec's kernels (stall reasons, shared-memory
+#       wavefronts and bank conflicts, occupancy: profile/), the CUDA runtime
 #       tests, compute-sanitizer (memcheck, racecheck) on the default spec, a
 #       tune of the default spec, the LibTorch GPU tests, N = 64K, the Google
 #       Benchmark suite and the decode latency. The whole run has a budget
@@ -196,6 +198,32 @@ sanitize() {
   return $rc
 }
 
+# Where the cycles go (the backward measured ~10x its cost model on the H200,
+# 2026-12-04, and no host tool can say why): Nsight Compute on every kernel
+# launch of one default-spec forward + backward at B 8, H 12, N 4096, causal
+# and not, with the sections that answer it (stable section names, no raw
+# metric names that differ between versions): speed of light, occupancy,
+# launch statistics, warp stall reasons, shared-memory wavefronts and bank
+# conflicts (MemoryWorkloadAnalysis_Tables), pipe utilisation. CSV per
+# variant into profile/. Fails (logged) where the image has no ncu or the
+# container denies the performance counters (ERR_NVGPUCTRPERM).
+profile() {
+  local ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  [[ -x $ncu ]] || { echo "no ncu"; return 1; }
+  mkdir -p "$work/profile"
+  local rc=0 causal
+  for causal in false true; do
+    echo "== ncu, default LUNA bf16, causal $causal"
+    "$ncu" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis --launch-count 24 \
+      --csv --page details "$build/apps/lunajit" run "{\"family\":\"luna\",\"dtype\":\"bf16\",\"causal\":$causal}" \
+      --backend cuda --backward --batch 8 --heads 12 --seq 4096 >"$work/profile/causal_$causal.csv" || rc=1
+    tail -3 "$work/profile/causal_$causal.csv"
+  done
+  return $rc
+}
+
 # Why the Python path fails, when it does: each step alone, then the failing
 # one under cuda-gdb (which debugs host code there) for a native backtrace.
 diag_python() {
@@ -236,7 +264,7 @@ run_gpu() {
   # The kernel cache must be a directory only this user can write (the cache refuses others).
   export LUNAJIT_CACHE_DIR=$work/kernel-cache
   export root build deps work
-  export -f log configure checks sanitize diag_python
+  export -f log configure checks sanitize diag_python profile
   mkdir -p -m 700 "$LUNAJIT_CACHE_DIR"
   failed=0
   local with_torch=1
@@ -267,6 +295,7 @@ run_gpu() {
     stage bench_sdpa_only 60 python3 "$root/bench/gpu_bench.py" --out "$work" --seqs 1024,4096,16384 --no-lunajit
   fi
   stage report 75 "$build/apps/lunajit" report --arch "$arch" --shapes "8,12,4096;8,12,16384" --causal both --out "$work/report"
+  stage profile 120 profile
   stage gpu_tests 45 "$build/tests/runtime_nvrtc/nvrtc_tests" --gtest_filter='*Cuda*:*Gpu*' --gtest_brief=1
   stage sanitizer 90 sanitize
   if ((with_torch)); then  # unbuffered: a test killed at the limit still shows how far it got
@@ -301,6 +330,18 @@ dry_run() {
     -DLUNAJIT_WITH_TORCH=OFF >"$b/configure.log" 2>&1 || { log "dry run: no-JIT configure failed:"; tail "$b/configure.log" >&2; failed=1; }
   if grep -q '^LLVM_DIR:PATH=' "$b/CMakeCache.txt" 2>/dev/null; then log "dry run: LLVM looked for with LUNAJIT_HOST_JIT=OFF"; failed=1; fi
   rm -rf "$b"
+  # The profile stage's command line, through a stub ncu that prints its
+  # arguments one a line: the spec reaches lunajit as one JSON argument.
+  local stub
+  stub=$(mktemp -d)
+  printf '#!/usr/bin/env bash\nprintf "%%s\\n" "$@"\n' >"$stub/ncu"
+  chmod +x "$stub/ncu"
+  (PATH=$stub:$PATH work=$stub build=$stub/build profile >/dev/null) || { log "dry run: profile failed with a stub ncu"; failed=1; }
+  for causal in false true; do
+    grep -qxF "{\"family\":\"luna\",\"dtype\":\"bf16\",\"causal\":$causal}" "$stub/profile/causal_$causal.csv" ||
+      { log "dry run: profile's spec argument (causal $causal)"; failed=1; }
+  done
+  rm -rf "$stub"
   if python3 -c 'import torch, lunajit' 2>/dev/null; then
     python3 "$root/bench/gpu_bench.py" --dry-run --out "$(mktemp -d)"
   else
