@@ -345,8 +345,9 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // three) and Phi_k dS (three) and the update dS += Phi_q^T [G | r]
     // (three). The intra-chunk C x C terms fp32 on CUDA cores over the
     // row-major fp32 tiles (conflict-free: rotated dot products, padded score
-    // rows); the updates' adds and the restaged hi + lo tiles (dq also adds
-    // the range's dS) as shared words, one wavefront per 32.
+    // rows; counted as issued, below); the updates' adds and the restaged
+    // hi + lo tiles (dq also adds the range's dS) as shared words, one
+    // wavefront per 32.
     const bool dq = role == "causal_dq";
     const bool fp16 = s.dtype == DType::fp16;
     // k, v, q, dO (+ dq) or q, dO, k, v (+ dk, dv); den and r written / read;
@@ -367,7 +368,19 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts : 0;
     sp.product = BH * inter;
     sp.tc_terms = terms / inter;
-    sp.fp32_tiles = BH * (intra + updates * (dq ? 7 : 5) * D * dv);
+    // The shared wavefronts of the intra-chunk terms as the code issues them
+    // (FLOP-equivalents, 1 wavefront per 32; checked against the emulator's
+    // bank profile, `lunajit report --bank-profile`): the masked C x C loops
+    // (A, B) run every (i, j) slot of the chunk, a lane off the diagonal idle
+    // in a warp that still issues, so cc^2 slots rather than the tri kept
+    // pairs; the epilogues' sums (dphi in both walks, dv in dkv) step over
+    // the rows of an 8-row fragment group together: row i takes
+    // min((i | 7) + 1, cc) steps (dq) or as many from the other end (dkv),
+    // sum_i = cc^2 / 2 + 4 cc for cc a multiple of 8.
+    const double slots_all = nt * cc * cc, epi_all = nt * (cc * cc / 2 + 4 * cc);
+    const double intra_issued = slots_all * (2 * D + 2 * dv) + 2 * (dq ? D : D + dv) * epi_all +
+                                (dq ? tri_all * norm : 0);
+    sp.fp32_tiles = BH * (intra_issued + updates * (dq ? 7 : 5) * D * dv);
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));
     k.serial_steps = per_range;
   } else if (role == "causal_dq" || role == "causal_dkv") {
