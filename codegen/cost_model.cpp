@@ -220,6 +220,8 @@ struct Split {
   double tc_terms = 1;    // tensor cores: mmas per useful product (the backward's bf16 hi/lo split: 2 or 3)
   double jt_tc = 0;       // a counted J^T on tensor cores: its mma FLOPs (executed)
   double jt_wave = 0;     // a counted J^T on tensor cores: its wavefronts
+  double scores_tc = 0;   // the causal walks' intra-chunk scores on mma (executed FLOPs; their
+                          // fragment loads are in fp32_tiles)
   double fp32_tiles = 0;  // tensor-core kernels: fp32 products on conflict-free shared tiles beside the mmas
 };
 
@@ -241,7 +243,7 @@ void finish(KernelCounts& k, const Split& sp, const AttentionSpec& s, bool tenso
       fm_wave = rows * p.wavefronts;
     }
     k.tc_dtype = s.dtype;
-    k.tc_flops += sp.jt_tc;
+    k.tc_flops += sp.jt_tc + sp.scores_tc;
     k.cuda_flops = k.flops - k.tc_flops;
     // (sp.fp32_tiles: fp32 work beside the mma products, the causal
     // backward's intra-chunk terms and its walks' state updates: two
@@ -343,11 +345,11 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // G S^T and Phi_q^T [G | r] (three split terms each) and the update
     // S += Phi_k^T [V | 1] (two, three for fp16 I/O); dkv V dS^T (two or
     // three) and Phi_k dS (three) and the update dS += Phi_q^T [G | r]
-    // (three). The intra-chunk C x C terms fp32 on CUDA cores over the
-    // row-major fp32 tiles (conflict-free: rotated dot products, padded score
-    // rows; counted as issued, below); the updates' adds and the restaged
-    // hi + lo tiles (dq also adds the range's dS) as shared words, one
-    // wavefront per 32.
+    // (three); the intra-chunk scores A and B (three split terms, fragments
+    // from the fp32 tiles). The rest of the intra-chunk terms fp32 on CUDA
+    // cores over the row-major fp32 tiles (counted as issued, below); the
+    // updates' adds and the restaged hi + lo tiles (dq also adds the range's
+    // dS) as shared words, one wavefront per 32.
     const bool dq = role == "causal_dq";
     const bool fp16 = s.dtype == DType::fp16;
     // k, v, q, dO (+ dq) or q, dO, k, v (+ dk, dv); den and r written / read;
@@ -355,14 +357,20 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.bytes = BH * N * (dq ? 3 * d + 2 * dv : 3 * d + 3 * dv) * e + norm * 8 * BH * N + params +
               4 * BH * splits * part * (dq ? 2 : 1) + (learned ? 4 * P * BH * splits : 0);
     const double C = c.chunk(), cc = std::min(C, N), tri_all = nt * cc * (cc + 1) / 2;  // rows x kept columns
-    const double intra = tri_all * (2 * D + 2 * dv + 1) + tri_all * (dq ? 2 * D + norm : 2 * D + 2 * dv);
+    // The scores A = Phi_q Phi_k^T and B = G V^T (+ r in dkv) on mma (masked_scores): the
+    // (m-tile, n-tile) items holding kept entries, mt (mt + 1) for mt = ceil(cc / 16) m-tiles,
+    // each K / 16 k16 steps of three split products; the rest of the intra-chunk terms fp32.
+    const double mt = std::ceil(cc / 16), items = nt * mt * (mt + 1);
+    const double scores_tc = items * (D + dv) / 16 * 3 * (2 * 16 * 8 * 16);
+    const double intra = tri_all * (dq ? 0 : 1) + tri_all * (dq ? 2 * D + norm : 2 * D + 2 * dv);
     const double updates = nt - live_ranges;  // every chunk but each range's last
     const double update = 2 * N * D * (dv + 1) * updates / nt;
     const double inter = (dq ? 2 * N * D * dv + 2 * N * D * (dv + 1) : 4 * N * D * dv) + update;
     const double terms = dq ? 3 * 2 * N * D * dv + 3 * 2 * N * D * (dv + 1) + (fp16 ? 3 : 2) * update
                             : (fp16 ? 3 : 2) * 2 * N * D * dv + 3 * 2 * N * D * dv + 3 * update;
     const double J = dq ? Jq : Jk;
-    k.flops = BH * (N * (Fq + Fk + grad_row + (dq ? den_row + D * norm : D) + J) + intra + inter);
+    k.flops = BH * (N * (Fq + Fk + grad_row + (dq ? den_row + D * norm : D) + J) + intra + scores_tc + inter);
+    sp.scores_tc = BH * scores_tc;
     sp.fm = BH * N * (Fq + Fk + (jt_tc ? 0 : J));
     sp.jt_tc = jt_tc ? BH * N * (dq ? JQ : JK).tc_flops : 0;
     sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts : 0;
@@ -370,16 +378,17 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.tc_terms = terms / inter;
     // The shared wavefronts of the intra-chunk terms as the code issues them
     // (FLOP-equivalents, 1 wavefront per 32; checked against the emulator's
-    // bank profile, `lunajit report --bank-profile`): the masked C x C loops
-    // (A, B) run every (i, j) slot of the chunk, a lane off the diagonal idle
-    // in a warp that still issues, so cc^2 slots rather than the tri kept
-    // pairs; the epilogues' sums (dphi in both walks, dv in dkv) step over
-    // the rows of an 8-row fragment group together: row i takes
+    // bank profile, `lunajit report --bank-profile`). The scores' fragments
+    // come from the fp32 tiles as 64-bit pairs, 6 loads per item and k16
+    // step, 8 wavefronts each (a fragment's rows at the D- or dv-float stride
+    // share banks: 4-way), and 4 stores per item and score tile (2 wavefronts:
+    // the padded rows). The epilogues' sums (dphi in both walks, dv in dkv)
+    // step over the rows of an 8-row fragment group together: row i takes
     // min((i | 7) + 1, cc) steps (dq) or as many from the other end (dkv),
     // sum_i = cc^2 / 2 + 4 cc for cc a multiple of 8.
-    const double slots_all = nt * cc * cc, epi_all = nt * (cc * cc / 2 + 4 * cc);
-    const double intra_issued = slots_all * (2 * D + 2 * dv) + 2 * (dq ? D : D + dv) * epi_all +
-                                (dq ? tri_all * norm : 0);
+    const double epi_all = nt * (cc * cc / 2 + 4 * cc);
+    const double scores_wave = items * ((D + dv) / 16 * 6 * 8 + 2 * 4 * 2);
+    const double intra_issued = 32 * scores_wave + 2 * (dq ? D : D + dv) * epi_all + (dq ? tri_all * norm : 0);
     sp.fp32_tiles = BH * (intra_issued + updates * (dq ? 7 : 5) * D * dv);
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));
     k.serial_steps = per_range;

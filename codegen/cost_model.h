@@ -224,22 +224,28 @@
 //                         (prefix read, the range's (dS, dz) written) + 4 Pl BH R
 //                 mma:  2 N D dv (G S^T) + 2 N D (dv + 1) (Phi_q^T [G | r]), three split
 //                       terms each, + U (S += Phi_k^T [V | 1]; two terms bf16, three fp16)
-//                 fp32 tiles (intra-chunk, conflict-free: 1 wavefront per 32 FLOP-
-//                       equivalents, as issued: the masked C x C loops run every
-//                       slot, the epilogues step over 8-row fragment groups; with
-//                       slots = nt c^2, epi = nt (c^2 / 2 + 4c)):
-//                       slots (2D + 2dv) (A, B) + 2D epi (dphi) + tri_all nrm (den)
+//                       + the scores A = Phi_q Phi_k^T, B = G V^T (masked_scores): it
+//                       = nt mt (mt + 1) (m-tile, n-tile) items with kept entries, mt =
+//                       ceil(c / 16), each (D + dv) / 16 k16 steps of three split terms:
+//                       it (D + dv) / 16 * 3 * 4096 executed FLOPs
+//                 fp32 tiles (1 wavefront per 32 FLOP-equivalents, as issued; epi =
+//                       nt (c^2 / 2 + 4c): the epilogues step over 8-row fragment groups):
+//                       32 it ((D + dv) / 16 * 6 * 8 + 16) (the scores' fragment loads
+//                       from the fp32 tiles, 4-way conflicted, and their stores)
+//                       + 2D epi (dphi) + tri_all nrm (den)
 //                       + 7 D dv upd (the update's adds, the restaged hi + lo, dS summed)
-//                       (the emulator's count of block (0,0,0), default LUNA bf16,
-//                       C 16: 2,816 wavefronts for A, B and dphi, as this says;
-//                       the kept pairs alone, tri_all, said 1,640)
+//                       (the emulator's count of block (0,0,0), default LUNA bf16, C 16:
+//                       the scores' fragment loads 768 wavefronts, the dphi epilogue 768,
+//                       as this says; the fp32 dot products the scores were before
+//                       issued 2,048)
 //                 flops = the above + BH N (Fq + Fk + grad row + den row + nrm D + Jq)
 //                 serial steps pr (the walk)
 //   causal_dkv    bytes = BH N (3d + 3dv) e + nrm 8 BH N + 4 P Hp + 4 BH R part + 4 Pl BH R
 //                 mma:  4 N D dv (V dS^T two terms bf16, three fp16; Phi_k dS three)
 //                       + U (dS += Phi_q^T [G | r], three)
-//                 fp32 tiles: slots (2D + 2dv) (A, B) + (2D + 2dv) epi (dphi, dv)
-//                       + 5 D dv upd (as issued, as causal_dq)
+//                       + the scores (B = G V^T + r), as causal_dq
+//                 fp32 tiles: the scores as causal_dq + (2D + 2dv) epi (dphi, dv)
+//                       + 5 D dv upd (as issued)
 //                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); serial steps pr
 //   param_reduce  (learned families only) with slots = 2 BH nt (non-causal), 2 BH R
 //                 (causal on tensor cores, R ranges) or 2 BH (the causal scans):

@@ -70,6 +70,57 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
   }
 }
 
+// The causal walks' intra-chunk scores on mma: out[i CS + j] = x_i . y_j
+// (+ add_row[i] when given) for j <= i < valid, 0 elsewhere in the C x C
+// tile, with x and y fp32 (rows, KD) tiles at a KD-float stride (rows <
+// valid read; the rest count as 0). Fragments come straight from the fp32
+// tiles as 64-bit pairs and are split into bf16 hi + lo in registers (no
+// staging tile: the walks' shared memory is full), the three significant
+// split products (hi hi, hi lo, lo hi) per k16 step into one fp32
+// accumulator: 2^-16-relative terms, as the inter-chunk products. Items are
+// (16-row m-tile, 8-column n-tile) pairs over the warps; those wholly past
+// the diagonal only write their zeros. Before, each (i, j) slot was an fp32
+// dot product on CUDA cores: C^2 slots of 2 KD shared loads each, the largest
+// shared-memory term of both walks (docs/ARCHITECTURE.md). Ends without a
+// barrier.
+template <class T, int NT, int C, int CS, int KD>
+LUNAJIT_DEVICE void masked_scores(const float* x, const float* y, float* out, int valid, const float* add_row) {
+  static_assert(C % 16 == 0 && KD % 16 == 0, "whole m16n8k16 tiles");
+  constexpr int kMTiles = C / 16, kNTiles = C / 8, NW = NT / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const auto pair = [valid](const float* tile, int row, int col, unsigned& hi, unsigned& lo) {
+    float2 v = make_float2(0.0f, 0.0f);
+    if (row < valid) v = load_pair(tile + row * KD + col);
+    split_bf16x2(v.x, v.y, hi, lo);
+  };
+  for (int item = warp; item < kMTiles * kNTiles; item += NW) {  // warp-uniform
+    const int m0 = (item / kNTiles) * 16, n0 = (item % kNTiles) * 8;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (n0 <= m0 + 15 && m0 < valid && n0 < valid) {  // warp-uniform: the item holds kept entries
+      for (int k0 = 0; k0 < KD; k0 += 16) {
+        // A = x rows (g, g + 8) x columns (2t, 2t + 8); B = y rows n0 + g (n) x columns (k) 2t, 2t + 8.
+        unsigned ahi[4], alo[4], bhi[2], blo[2];
+        pair(x, m0 + g, k0 + 2 * t, ahi[0], alo[0]);
+        pair(x, m0 + g + 8, k0 + 2 * t, ahi[1], alo[1]);
+        pair(x, m0 + g, k0 + 2 * t + 8, ahi[2], alo[2]);
+        pair(x, m0 + g + 8, k0 + 2 * t + 8, ahi[3], alo[3]);
+        pair(y, n0 + g, k0 + 2 * t, bhi[0], blo[0]);
+        pair(y, n0 + g, k0 + 2 * t + 8, bhi[1], blo[1]);
+        mma::mma_m16n8k16<T>(acc, ahi, bhi, acc);
+        mma::mma_m16n8k16<T>(acc, ahi, blo, acc);
+        mma::mma_m16n8k16<T>(acc, alo, bhi, acc);
+      }
+    }
+    // C fragment: q = 0, 1 row m0 + g, q = 2, 3 row m0 + g + 8; column n0 + 2t + (q & 1).
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int i = m0 + g + 8 * (q >> 1), j = n0 + 2 * t + (q & 1);
+      const bool kept = j <= i && i < valid;
+      out[i * CS + j] = kept ? (add_row != nullptr ? acc[q] + add_row[i] : acc[q]) : 0.0f;
+    }
+  }
+}
+
 // [dS | dz] += Phi_q^T [G | r] with every operand a bf16 hi + lo pair: the
 // three significant products hi hi, hi lo, lo hi (lo lo is below 2^-16
 // relative), in that order (mma_dstate_kernel and mma_causal_dq_kernel).
@@ -507,8 +558,8 @@ __global__ void __launch_bounds__(K::threads,
 // B_ij = v_j . g_i + r_i as the scalar scans. The inter-chunk products and the
 // walks' state updates are bf16 hi + lo split products with fp32 accumulation;
 // the state is restaged as 2^-a-scaled hi + lo tiles after every update; the
-// intra-chunk C x C terms stay fp32 on CUDA cores, added in the products'
-// epilogues. Fixed-order sums everywhere: the gradients are bitwise
+// intra-chunk scores A, B are split products on mma too (masked_scores), the
+// sums over them fp32 on CUDA cores, added in the products' epilogues. Fixed-order sums everywhere: the gradients are bitwise
 // deterministic. Not the causal performer (its running key stabiliser;
 // can_implement). (Until this walk, every chunk was a block of its own and
 // read its prefix from a per-chunk state array: D (dv + 1) floats a chunk
@@ -669,12 +720,7 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   load_rows<T, NT>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
   __syncthreads();
   backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
-  for (int e = threadIdx.x; e < valid * valid; e += NT) {
-    const int i = e / valid, j = e - i * valid;
-    // Rotated by the element index: the 32 lanes of a warp (consecutive e) start
-    // their rows (a D-float stride, 2 or more rows of each operand) in 32 different banks.
-    A[i * CS + j] = j <= i ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, e) : 0.0f;
-  }
+  mma_detail::masked_scores<Op, NT, C, CS, D>(phi_q, phi_k, A, valid, nullptr);  // A_ij = phi(q_i) . phi(k_j)
   __syncthreads();
   // den_i = phi(q_i) . z_<c + sum_{j<=i in c} A_ij + eps, kept for the dkv kernel.
   for (int i = threadIdx.x; i < valid; i += NT) {
@@ -688,11 +734,8 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   }
   __syncthreads();
   query_gradients<K>(g, den, nullptr, r, valid);
-  // B_ij = v_j . g_i here; r_i joins dphi(q_i) once query_r has it (below).
-  for (int e = threadIdx.x; e < valid * valid; e += NT) {
-    const int i = e / valid, j = e - i * valid;
-    B[i * CS + j] = j <= i ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) : 0.0f;
-  }
+  // B_ij = g_i . v_j here; r_i joins dphi(q_i) once query_r has it (below).
+  mma_detail::masked_scores<Op, NT, C, CS, DV>(g, v, B, valid, nullptr);
   mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
   mma_detail::split_rows<NT, D, PD>(phi_q, phi_hw, phi_lw, valid, C);
   __syncthreads();
@@ -852,12 +895,8 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
   // r from mma_causal_dq_kernel; ends with a barrier: phi(k) is visible
   query_gradients<K>(g, den, a.workspace + w.r + bh * ws_seq + t0, r, valid);
-  for (int e = threadIdx.x; e < valid * valid; e += NT) {
-    const int i = e / valid, j = e - i * valid;
-    const bool on = i >= j;
-    A[i * CS + j] = on ? fm::dot_rotated<D>(phi_q + i * D, phi_k + j * D, e) : 0.0f;  // rotated as in dq
-    B[i * CS + j] = on ? fm::dot_rotated<DV>(v + j * DV, g + i * DV, e) + r[i] : 0.0f;
-  }
+  mma_detail::masked_scores<Op, NT, C, CS, D>(phi_q, phi_k, A, valid, nullptr);  // as in dq
+  mma_detail::masked_scores<Op, NT, C, CS, DV>(g, v, B, valid, r);               // B_ij = g_i . v_j + r_i
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
     mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
   else
