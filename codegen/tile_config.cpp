@@ -341,11 +341,12 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
   // ranges: small chunks (16 tokens: 111,536 bytes of shared memory for the
   // default LUNA spec's causal_dq, 2 blocks per SM on sm_90) and 8 warps
   // first. 16 ranges: the most the search space has; by the cost model the
-  // best of 2, 4, 8, 16 on H100, H200 and A100 at B 8, H 12, N 16384 and at
-  // B 1, H 4, N 4096 (fewer blocks leave SMs idle or a partial last wave),
-  // for a workspace of 16 fp32 states per (batch, head). Predicted
-  // (docs/ARCHITECTURE.md, B 8, H 12, N 16384, H100): the scalar scans'
-  // 328 ms -> 4.43 ms (5.93 ms with 4 ranges).
+  // best of 2, 4, 8, 16 at B 1, H 4, N 4096 on H100 (0.219 ms; 8 ranges
+  // 0.409: fewer blocks leave SMs idle) and within 1% of the best at B 8,
+  // H 12, N 16384 (4.48 ms; 2 ranges 4.45), for a workspace of 16 fp32
+  // states per (batch, head). Predicted (docs/ARCHITECTURE.md, B 8, H 12,
+  // N 16384, H100): the scalar scans' 328 ms -> 4.48 ms (2026-12-05, the
+  // walks counted as they issue, their intra-chunk scores on mma).
   if (spec.causal && pass == Pass::backward && spec.dtype != DType::fp32 && spec.family != Family::performer)
     for (int dvb : dv_blocks)
       for (int chunk : {16, 32, 64})
