@@ -58,12 +58,14 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
       const std::vector<host::KernelBankSite> before = host::bank_sites_so_far();
       CheckOptions o;
       o.shape = shape;
+      // One config for the check and the model rows beside it.
+      const TileConfig config = default_config(spec, arch, pass);
       Status st = ok_status();
       if (pass == Pass::forward) {
-        auto r = check_forward(host, spec, default_config(spec, arch, pass), o);
+        auto r = check_forward(host, spec, config, o);
         if (!r) st = r.error();
       } else {
-        auto r = check_backward(host, spec, default_config(spec, arch, pass), o);
+        auto r = check_backward(host, spec, config, o);
         if (!r) st = r.error();
       }
       if (!st) {
@@ -75,7 +77,6 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
       // model's shared-memory wavefronts per block at the same shape (its
       // layout formulas; they also count the feature map's parameter reads
       // through the L1 datapath, which the emulator does not see).
-      const TileConfig config = default_config(spec, arch, pass);
       std::map<std::string, std::string> role_of;  // name expression -> role
       if (auto src = generate(spec, config, pass))
         for (const KernelEntry& e : src->entries) role_of[e.name_expression] = e.role;

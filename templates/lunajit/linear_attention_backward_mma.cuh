@@ -559,9 +559,10 @@ __global__ void __launch_bounds__(K::threads,
 // walks' state updates are bf16 hi + lo split products with fp32 accumulation;
 // the state is restaged as 2^-a-scaled hi + lo tiles after every update; the
 // intra-chunk scores A, B are split products on mma too (masked_scores), the
-// sums over them fp32 on CUDA cores, added in the products' epilogues. Fixed-order sums everywhere: the gradients are bitwise
-// deterministic. Not the causal performer (its running key stabiliser;
-// can_implement). (Until this walk, every chunk was a block of its own and
+// sums over them fp32 on CUDA cores, added in the products' epilogues.
+// Fixed-order sums everywhere: the gradients are bitwise deterministic. Not
+// the causal performer (its running key stabiliser; can_implement). (Until
+// this walk, every chunk was a block of its own and
 // read its prefix from a per-chunk state array: D (dv + 1) floats a chunk
 // written and read four times, most of the predicted time; MATH.md.)
 //
