@@ -125,11 +125,14 @@ struct TensorCorePhi {
   double wavefronts = 0;  // shared / L1
 };
 // split: the backward's map (mma_phi_split_tile), psi in three split terms,
-// phi stored as fp32 (or as the state pass's hi + lo tiles, counted alike).
+// phi stored as fp32 (or as the state pass's hi + lo tiles, counted alike):
+// 4 D bytes a row in conflict-free 64-bit fragment stores, the fp32 tile's
+// rows padded to D + 8 floats (backward_phi_stride; D apart, a fragment's 8
+// rows shared banks: D / 8 wavefronts a row, measured by the bank profile).
 TensorCorePhi tensor_core_phi(const AttentionSpec& s, bool split) {
   const double d = s.head_dim, M = s.luna.projections, L = s.luna.channels, Hm = s.luna.mlp_width;
   const double M8 = std::ceil(M / 8) * 8, D = s.feature_dim();
-  const double psi_terms = split ? 3 : 1, phi_stores = split ? D / 8 : D / 64;
+  const double psi_terms = split ? 3 : 1, phi_stores = split ? D / 32 : D / 64;
   return {2 * 2 * d * M8 + psi_terms * 2 * M * Hm * L, 2 * d * M + 2 * M * Hm * L,
           M * Hm / 32 + 2 * d / 64 + phi_stores};
 }
@@ -380,14 +383,19 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // (FLOP-equivalents, 1 wavefront per 32; checked against the emulator's
     // bank profile, `lunajit report --bank-profile`). The scores' fragments
     // come from the fp32 tiles as 64-bit pairs, 6 loads per item and k16
-    // step, 8 wavefronts each (a fragment's rows at the D- or dv-float stride
-    // share banks: 4-way), and 4 stores per item and score tile (2 wavefronts:
-    // the padded rows). The epilogues' sums (dphi in both walks, dv in dkv)
+    // step (4 of the A operand, phi(q) or G, 2 of the B operand, phi(k) or
+    // V): 2 wavefronts each from phi's tiles where their rows are padded
+    // (backward_phi_stride: D + 8 floats apart; causal_dkv keeps phi(q)'s at
+    // D, registers), else 8 (a fragment's rows at the D- or dv-float stride
+    // share banks), and 4 stores per item and score tile (2 wavefronts: the
+    // padded rows). The epilogues' sums (dphi in both walks, dv in dkv)
     // step over the rows of an 8-row fragment group together: row i takes
     // min((i | 7) + 1, cc) steps (dq) or as many from the other end (dkv),
     // sum_i = cc^2 / 2 + 4 cc for cc a multiple of 8.
     const double epi_all = nt * (cc * cc / 2 + 4 * cc);
-    const double scores_wave = items * ((D + dv) / 16 * 6 * 8 + 2 * 4 * 2);
+    const bool padded = backward_phi_stride(s, c) > D;
+    const double wk = padded ? 2 : 8, wq = padded && dq ? 2 : 8;
+    const double scores_wave = items * (D / 16 * (4 * wq + 2 * wk) + dv / 16 * 6 * 8 + 2 * 4 * 2);
     const double intra_issued = 32 * scores_wave + 2 * (dq ? D : D + dv) * epi_all + (dq ? tri_all * norm : 0);
     sp.fp32_tiles = BH * (intra_issued + updates * (dq ? 7 : 5) * D * dv);
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));

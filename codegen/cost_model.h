@@ -88,9 +88,10 @@
 //       The backward's kernels (state, dstate, dq, dkv, causal_dq, causal_dkv)
 //       map phi to fp32 level (mma_phi_split_tile): psi in three split terms,
 //       tc_flops 2 * 2 d M8 + 3 * 2 M Hm L, and phi stored as an fp32 tile by
-//       64-bit stores whose 8 rows per fragment share banks (row stride D
-//       words, D a multiple of 32): 4 wavefronts per 32 floats, D / 8 per row
-//       in place of D / 64.
+//       conflict-free 64-bit fragment stores (rows padded to D + 8 words,
+//       backward_phi_stride in codegen/launch_plan.h): D / 32 per row in
+//       place of D / 64 (at a row stride of D words, D a multiple of 32, a
+//       fragment's 8 rows shared banks: D / 8, the count until 2026-12-06).
 //   SFU ops per token of phi: luna activations gelu 1 (erf), silu 2 (ex2, rcp),
 //   tanh 1, relu 0; softplus 2 (ex2, lg2); performer D (exp); rff 2m (sin,
 //   cos); hedgehog f (exp); slay R M + P; cosformer 2d; elu d; normalized
@@ -230,8 +231,12 @@
 //                       it (D + dv) / 16 * 3 * 4096 executed FLOPs
 //                 fp32 tiles (1 wavefront per 32 FLOP-equivalents, as issued; epi =
 //                       nt (c^2 / 2 + 4c): the epilogues step over 8-row fragment groups):
-//                       32 it ((D + dv) / 16 * 6 * 8 + 16) (the scores' fragment loads
-//                       from the fp32 tiles, 4-way conflicted, and their stores)
+//                       32 it (D / 16 * (4 wq + 2 wk) + dv / 16 * 6 * 8 + 16) (the scores'
+//                       fragment loads from the fp32 tiles, and their stores; wk = 2
+//                       where phi's rows are padded, backward_phi_stride, wq too in
+//                       causal_dq (causal_dkv keeps phi(q)'s rows D apart), else 8: a
+//                       fragment's rows at the D-float stride share banks, as G's and
+//                       V's at dv)
 //                       + 2D epi (dphi) + tri_all nrm (den)
 //                       + 7 D dv upd (the update's adds, the restaged hi + lo, dS summed)
 //                       (the emulator's count of block (0,0,0), default LUNA bf16, C 16:

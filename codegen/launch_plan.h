@@ -88,6 +88,12 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& config, 
 // d and Hm multiples of 16, L of 8. Otherwise the J^T is fp32 code.
 bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& config);
 
+// The row stride (floats) of the backward kernels' fp32 phi and dphi tiles:
+// D + 8 where the tensor-core backward makes phi on tensor cores
+// (backward_phi_stride in templates/lunajit/feature_map_mma.cuh: conflict-free
+// fragment-order stores), else D. Part of the tiles' shared-memory sizes.
+int backward_phi_stride(const AttentionSpec& spec, const TileConfig& config);
+
 // Bytes of global memory the backward needs per (batch, head) beyond q, k, v,
 // o, dout and the gradients themselves (its workspace), for a sequence of `seq`.
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& config, int seq);

@@ -53,6 +53,8 @@ template <class K, int TK, bool kMma = MmaJacobianSupport<typename K::FeatureMap
 struct MmaFeatureBackward {
   static constexpr bool kTensorCores = false;
   static constexpr int kStageFloats = 0;
+  // The fp32 Jacobian-transposes index phi and dphi rows D apart.
+  static_assert(backward_phi_stride<K>() == K::D, "a padded phi tile takes the tensor-core J^T");
   template <int NT>
   static LUNAJIT_DEVICE void backward(const float* x, const float* phi, float* dphi, int valid,
                                       const FeatureContext& ctx, const float* scratch, float* bs, float* dx,
@@ -70,6 +72,7 @@ struct MmaFeatureBackward<K, TK, true> {
   using T = typename K::T;
   static constexpr bool kTensorCores = true;
   static constexpr int d = FM::d, M = FM::M, L = FM::L, Hm = FM::Hm, D = FM::D;
+  static constexpr int PS = backward_phi_stride<K>();  // phi and dphi rows, floats
   static constexpr int NW = K::threads / 32, Tk = TK;
   static constexpr int PD = mma_row_halves(D), PH = mma_row_halves(Hm), PX = mma_row_halves(d);
   static constexpr int NL = L / 8, KH = Hm / 16, NJ = Hm / 8, KP = d / 16, NP = (M + 7) / 8;
@@ -97,7 +100,7 @@ struct MmaFeatureBackward<K, TK, true> {
       const float inv_sqrt_m = 1.0f / sqrtf((float)M);
       for (int r = threadIdx.x; r < valid; r += NT) {
         const float g = scratch[r] / inv_sqrt_m;
-        bs[r * S] = (1.0f - g) * fm::dot(dphi + r * D, phi + r * D, D);
+        bs[r * S] = (1.0f - g) * fm::dot(dphi + r * PS, phi + r * PS, D);
       }
     }
     // x as bf16 (exact: the rows of a bf16 tensor) in the warps' region, free until the walk.
@@ -125,21 +128,22 @@ struct MmaFeatureBackward<K, TK, true> {
     }
     // dpre = dphi * (gate * out_act'(pre)) in place.
     for (int e = threadIdx.x; e < valid * D; e += NT) {
-      const float gate = scratch[e / D], y = phi[e];
+      const int r = e / D, at = r * PS + (e - r * D);
+      const float gate = scratch[r], y = phi[at];
       float deriv = 1.0f;
       if constexpr (Opt::output_activation == fm::OutAct::relu) deriv = y > 0.0f ? 1.0f : 0.0f;
       else if constexpr (Opt::output_activation == fm::OutAct::softplus)
         deriv = gate > 0.0f ? -expm1f(-y / gate) : 0.0f;  // sigmoid(pre) = 1 - exp(-softplus(pre))
-      dphi[e] *= gate * deriv;
+      dphi[at] *= gate * deriv;
     }
     __syncthreads();
     unsigned* dpre_h = reinterpret_cast<unsigned*>(stage);
     unsigned* dpre_lo = reinterpret_cast<unsigned*>(stage + kDpreFloats);
-    mma_detail::split_rows<NT, D, PD>(dphi, dpre_h, dpre_lo, valid, Tk);
+    mma_detail::split_rows<NT, D, PD, PS>(dphi, dpre_h, dpre_lo, valid, Tk);
     for (int l = threadIdx.x; l < L; l += NT) {  // db2, rows then projections in order
       float s = dparams[FM::kB2 + l];
       for (int r = 0; r < valid; ++r)
-        for (int i = 0; i < M; ++i) s += dphi[r * D + i * L + l];
+        for (int i = 0; i < M; ++i) s += dphi[r * PS + i * L + l];
       dparams[FM::kB2 + l] = s;
     }
     __syncthreads();  // u, dpre's tiles; the walk's hidden tiles overwrite the x tile

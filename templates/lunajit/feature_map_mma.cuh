@@ -81,16 +81,17 @@ LUNAJIT_DEVICE void round_rows(const float* src, unsigned* dst, int valid, int r
   }
 }
 
-// fp32 rows (rows_alloc, COLS) -> bf16 hi and lo tiles (rows_alloc, P), x ~=
-// hi + lo to 2^-16 relative (split_bf16x2); rows >= valid become 0.
-template <int NT, int COLS, int P>
+// fp32 rows (rows_alloc, COLS; SS floats apart) -> bf16 hi and lo tiles
+// (rows_alloc, P), x ~= hi + lo to 2^-16 relative (split_bf16x2); rows >=
+// valid become 0.
+template <int NT, int COLS, int P, int SS = COLS>
 LUNAJIT_DEVICE void split_rows(const float* src, unsigned* hi, unsigned* lo, int valid, int rows_alloc) {
   constexpr int kPairs = COLS / 2;
   for (int e = threadIdx.x; e < rows_alloc * kPairs; e += NT) {
     const int r = e / kPairs, f = 2 * (e - r * kPairs);
     unsigned h = 0u, l = 0u;
     if (r < valid) {
-      const float2 v = load_pair(src + r * COLS + f);
+      const float2 v = load_pair(src + r * SS + f);
       split_bf16x2(v.x, v.y, h, l);
     }
     hi[(r * P + f) / 2] = h;
@@ -437,19 +438,35 @@ LUNAJIT_DEVICE void store_pair(float* p, float v0, float v1) {
 }
 }  // namespace mma_detail
 
-// The backward kernels' fp32 phi tile (rows < valid of phi, (rows, D)) and
-// the gate in scratch: on tensor cores to fp32 level where MmaPhiSupport holds
-// (x_words: the bf16 copy of x, rows_alloc x (d + 8) halves, disjoint from
-// x, phi and scratch), else FM::apply. Ends with a barrier, as FM::apply.
-template <class K, int NT>
+// The row stride (floats) of the tensor-core backward's fp32 phi and dphi
+// tiles (BackwardDims::phi_stride): D + 8 where backward_phi_tile makes phi on
+// tensor cores, else D (FM::apply and the fp32 Jacobian-transposes index
+// their rows D apart). Padded because the tiles are written in C-fragment
+// order, 64-bit pairs (row g, columns 2t, 2t + 1) per lane: D apart (D a
+// multiple of 32) the 8 rows of a half-warp's pairs fall on the same 8 banks,
+// 8 wavefronts where 2 do; D + 8 apart they cover all 32 banks. The host
+// mirror is backward_phi_stride in codegen/launch_plan.cpp.
+template <class K>
+LUNAJIT_HOST_DEVICE constexpr int backward_phi_stride() {
+  return MmaPhiSupport<typename K::FeatureMap, typename K::T>::value ? K::D + 8 : K::D;
+}
+
+// The backward kernels' fp32 phi tile (rows < valid of phi, (rows, D), rows
+// PS floats apart) and the gate in scratch: on tensor cores to fp32 level where
+// MmaPhiSupport holds (x_words: the bf16 copy of x, rows_alloc x (d + 8)
+// halves, disjoint from x, phi and scratch), else FM::apply (PS = D). Ends with
+// a barrier, as FM::apply.
+template <class K, int NT, int PS = K::D>
 LUNAJIT_DEVICE void backward_phi_tile(const float* x, float* phi, float* scratch, unsigned* x_words, int valid,
                                       int rows_alloc, const FeatureContext& ctx) {
   if constexpr (MmaPhiSupport<typename K::FeatureMap, typename K::T>::value) {
+    static_assert(PS >= K::D && PS % 2 == 0, "phi rows hold D floats, 64-bit aligned");
     mma_phi_split_tile<K, NT>(ctx.params, x, x_words, scratch, valid, rows_alloc, [&](int r, int f, float v0, float v1) {
-      if (r < valid) mma_detail::store_pair(phi + r * K::D + f, v0, v1);
+      if (r < valid) mma_detail::store_pair(phi + r * PS + f, v0, v1);
     });
     __syncthreads();
   } else {
+    static_assert(PS == K::D, "FM::apply writes phi rows D apart");
     (void)x_words;
     (void)rows_alloc;
     K::FeatureMap::template apply<NT>(x, phi, scratch, valid, ctx);

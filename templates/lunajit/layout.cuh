@@ -301,6 +301,9 @@ struct BackwardDims {
   int score_pad = 0;    // causal scores' row stride t + score_pad (1: the tensor-core causal kernels)
   int staged_state = 0; // 1: the non-causal tensor-core dq / dkv copy the state's pre-split hi + lo words
                         // from the workspace (backward_staged_floats): no fp32 state tile
+  int phi_stride = 0;   // row stride (floats) of the fp32 phi and dphi tiles; 0: D. The tensor-core
+                        // backward pads it to D + 8 where it makes phi on tensor cores
+                        // (backward_phi_stride, feature_map_mma.cuh): conflict-free fragment stores
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
@@ -320,13 +323,14 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   const int t = p.tokens;
   BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const bool running = causal && p.running_max;
+  const int ps = p.phi_stride > 0 ? p.phi_stride : p.D;  // phi and dphi rows
   int off = 0;
   l.state = off;    off = align4(off + (needs_state && !p.staged_state ? p.D * p.dv : 0));  // S or dS (D, dv)
   l.z = off;        off = align4(off + p.D);                                  // z or dz (D)
   l.x = off;        off = align4(off + t * p.d);                              // (t, d)
-  l.phi_q = off;    off = align4(off + t * p.D);                              // (t, D)
-  l.phi_k = off;    off = align4(off + (causal ? t * p.D : 0));               // (t, D)
-  l.dphi = off;     off = align4(off + (grads ? t * p.D : 0));                // (t, D)
+  l.phi_q = off;    off = align4(off + t * ps);                               // (t, D), rows ps apart
+  l.phi_k = off;    off = align4(off + (causal ? t * ps : 0));                // (t, D), rows ps apart
+  l.dphi = off;     off = align4(off + (grads ? t * ps : 0));                 // (t, D), rows ps apart
   l.v = off;        off = align4(off + (keys || causal ? t * p.dv : 0));      // (t, dv)
   l.dout = off;     off = align4(off + (queries ? t * p.dv : 0));             // (t, dv), becomes g
   // o: only the causal performer's scans still read the forward's output (r from

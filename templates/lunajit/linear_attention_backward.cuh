@@ -104,11 +104,12 @@ LUNAJIT_DEVICE void query_gradients(float* dout, const float* den, const float* 
 // (phi(q) . dphi(q) = eps r), and an r off by the 2^-8 of a bf16 o put errors
 // of up to 8% on dq (softplus outputs, MATH.md §1). Writes r to the tile and to
 // r_out (the workspace row, for the dstate / dkv kernel). Rows < valid; ends
-// with a barrier. Normalized specs only (r = 0 otherwise).
-template <class K>
+// with a barrier. Normalized specs only (r = 0 otherwise). PS: the row stride
+// of phi_q and p (D; the tensor-core backward's padded tiles: backward_phi_stride).
+template <class K, int PS = K::D>
 LUNAJIT_DEVICE void query_r(const float* phi_q, const float* p, const float* den, float* r, float* r_out, int valid) {
   for (int i = threadIdx.x; i < valid; i += K::threads) {
-    const float x = -fm::dot_rotated<K::D>(phi_q + i * K::D, p + i * K::D, i) / den[i];
+    const float x = -fm::dot_rotated<K::D>(phi_q + i * PS, p + i * PS, i) / den[i];
     r[i] = x;
     r_out[i] = x;
   }
@@ -119,17 +120,17 @@ LUNAJIT_DEVICE void query_r(const float* phi_q, const float* p, const float* den
 // terms (S_<c g_i + sum_{j<=i in c} (v_j . g_i) phi(k_j)); then dphi(q_i) +=
 // r_i z_i with z_i = z_<c + sum_{j<=i in c} phi(k_j), the keys row i saw
 // (B_ij = v_j . g_i + r_i in full). Each column's z_i is a running sum in
-// token order. Normalized specs only; ends with a barrier.
-template <class K>
+// token order. Normalized specs only; ends with a barrier. PS: the tiles' row stride.
+template <class K, int PS = K::D>
 LUNAJIT_DEVICE void causal_query_r(const float* phi_q, const float* phi_k, const float* z, float* dphi,
                                    const float* den, float* r, float* r_out, int valid) {
   if constexpr (K::normalize) {
-    query_r<K>(phi_q, dphi, den, r, r_out, valid);
+    query_r<K, PS>(phi_q, dphi, den, r, r_out, valid);
     for (int f = threadIdx.x; f < K::D; f += K::threads) {
       float zi = z[f];
       for (int i = 0; i < valid; ++i) {
-        zi += phi_k[i * K::D + f];
-        dphi[i * K::D + f] = fmaf(zi, r[i], dphi[i * K::D + f]);
+        zi += phi_k[i * PS + f];
+        dphi[i * PS + f] = fmaf(zi, r[i], dphi[i * PS + f]);
       }
     }
     __syncthreads();
@@ -141,8 +142,9 @@ LUNAJIT_DEVICE void causal_query_r(const float* phi_q, const float* phi_k, const
 // tile's first token, or 0 for the dq kernels to compute), for the dstate and
 // dq kernels (scalar and mma). Ends with a barrier.
 // map(x, phi, scratch, valid, ctx): the feature map (FM::apply in the scalar
-// kernels; the tensor-core backward passes backward_phi_tile); it ends with a barrier.
-template <class K, class Map>
+// kernels; the tensor-core backward passes backward_phi_tile); it ends with a
+// barrier. PS: phi(q)'s row stride (D; the tensor-core backward's: backward_phi_stride).
+template <class K, int PS = K::D, class Map>
 LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, int t0, int valid, const BackwardSmem& L,
                                          float* smem, const float* z, const float* r_in, const FeatureContext& ctx,
                                          Map&& map) {
@@ -152,7 +154,7 @@ LUNAJIT_DEVICE void query_tile_gradients(const BackwardArgs& a, int b, int h, in
   __syncthreads();
   map(smem + L.x, smem + L.phi_q, smem + L.scratch, valid, ctx);
   for (int i = threadIdx.x; i < valid; i += NT)
-    smem[L.den + i] = K::normalize ? fm::dot_rotated<D>(smem + L.phi_q + i * D, z, i) + K::eps : 1.0f;
+    smem[L.den + i] = K::normalize ? fm::dot_rotated<D>(smem + L.phi_q + i * PS, z, i) + K::eps : 1.0f;
   __syncthreads();
   query_gradients<K>(smem + L.dout, smem + L.den, r_in, smem + L.r, valid);
 }

@@ -39,7 +39,26 @@ namespace mma_detail {
 // n-major (true: (n, KD) rows). Calls epi(row, column, value) for every
 // entry of the warp's C fragments (C fragment: q = 0,1 row m0 + g, q = 2,3
 // row m0 + g + 8; column n0 + 2t + (q & 1)), rows past the tile's valid ones
-// included (the caller masks them).
+// included (the caller masks them). An epilogue wrapped by pair_epilogue gets
+// a fragment row's two adjacent entries at once, epi(row, column, v0, v1)
+// for (column, column + 1): one 64-bit store where the tile takes them.
+template <class F>
+struct PairEpilogue {
+  F f;
+};
+template <class F>
+LUNAJIT_DEVICE PairEpilogue<F> pair_epilogue(const F& f) {
+  return PairEpilogue<F>{f};
+}
+template <class E>
+struct IsPairEpilogue {
+  static constexpr bool value = false;
+};
+template <class F>
+struct IsPairEpilogue<PairEpilogue<F>> {
+  static constexpr bool value = true;
+};
+
 template <class T, int WM, int MPW, int NPW, int KD, int PA, int PB, bool kNMajorB, int NTERMS, class Epi>
 LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* const (&b)[NTERMS], int wm, int wn,
                                       int lane, const Epi& epi) {
@@ -63,17 +82,25 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
       }
     }
     const int g = lane >> 2, t = lane & 3;
+    if constexpr (IsPairEpilogue<Epi>::value) {
 #pragma unroll
-    for (int j = 0; j < NPW; ++j)
+      for (int j = 0; j < NPW; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) epi(m0 + g + 8 * (q >> 1), n_first + 8 * j + 2 * t + (q & 1), acc[j][q]);
+        for (int h = 0; h < 2; ++h) epi.f(m0 + g + 8 * h, n_first + 8 * j + 2 * t, acc[j][2 * h], acc[j][2 * h + 1]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NPW; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) epi(m0 + g + 8 * (q >> 1), n_first + 8 * j + 2 * t + (q & 1), acc[j][q]);
+    }
   }
 }
 
 // The causal walks' intra-chunk scores on mma: out[i CS + j] = x_i . y_j
 // (+ add_row[i] when given) for j <= i < valid, 0 elsewhere in the C x C
 // tile, with x and y fp32 (rows, KD) tiles at a KD-float stride (rows <
-// valid read; the rest count as 0). Fragments come straight from the fp32
+// valid read; the rest count as 0; XS, YS: their row strides, KD or a padded
+// phi tile's, backward_phi_stride). Fragments come straight from the fp32
 // tiles as 64-bit pairs and are split into bf16 hi + lo in registers (no
 // staging tile: the walks' shared memory is full), the three significant
 // split products (hi hi, hi lo, lo hi) per k16 step into one fp32
@@ -83,14 +110,14 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
 // dot product on CUDA cores: C^2 slots of 2 KD shared loads each, the largest
 // shared-memory term of both walks (docs/ARCHITECTURE.md). Ends without a
 // barrier.
-template <class T, int NT, int C, int CS, int KD>
+template <class T, int NT, int C, int CS, int KD, int XS = KD, int YS = XS>
 LUNAJIT_DEVICE void masked_scores(const float* x, const float* y, float* out, int valid, const float* add_row) {
   static_assert(C % 16 == 0 && KD % 16 == 0, "whole m16n8k16 tiles");
   constexpr int kMTiles = C / 16, kNTiles = C / 8, NW = NT / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const auto pair = [valid](const float* tile, int row, int col, unsigned& hi, unsigned& lo) {
+  const auto pair = [valid](const float* tile, int stride, int row, int col, unsigned& hi, unsigned& lo) {
     float2 v = make_float2(0.0f, 0.0f);
-    if (row < valid) v = load_pair(tile + row * KD + col);
+    if (row < valid) v = load_pair(tile + row * stride + col);
     split_bf16x2(v.x, v.y, hi, lo);
   };
   for (int item = warp; item < kMTiles * kNTiles; item += NW) {  // warp-uniform
@@ -100,12 +127,12 @@ LUNAJIT_DEVICE void masked_scores(const float* x, const float* y, float* out, in
       for (int k0 = 0; k0 < KD; k0 += 16) {
         // A = x rows (g, g + 8) x columns (2t, 2t + 8); B = y rows n0 + g (n) x columns (k) 2t, 2t + 8.
         unsigned ahi[4], alo[4], bhi[2], blo[2];
-        pair(x, m0 + g, k0 + 2 * t, ahi[0], alo[0]);
-        pair(x, m0 + g + 8, k0 + 2 * t, ahi[1], alo[1]);
-        pair(x, m0 + g, k0 + 2 * t + 8, ahi[2], alo[2]);
-        pair(x, m0 + g + 8, k0 + 2 * t + 8, ahi[3], alo[3]);
-        pair(y, n0 + g, k0 + 2 * t, bhi[0], blo[0]);
-        pair(y, n0 + g, k0 + 2 * t + 8, bhi[1], blo[1]);
+        pair(x, XS, m0 + g, k0 + 2 * t, ahi[0], alo[0]);
+        pair(x, XS, m0 + g + 8, k0 + 2 * t, ahi[1], alo[1]);
+        pair(x, XS, m0 + g, k0 + 2 * t + 8, ahi[2], alo[2]);
+        pair(x, XS, m0 + g + 8, k0 + 2 * t + 8, ahi[3], alo[3]);
+        pair(y, YS, n0 + g, k0 + 2 * t, bhi[0], blo[0]);
+        pair(y, YS, n0 + g, k0 + 2 * t + 8, bhi[1], blo[1]);
         mma::mma_m16n8k16<T>(acc, ahi, bhi, acc);
         mma::mma_m16n8k16<T>(acc, ahi, blo, acc);
         mma::mma_m16n8k16<T>(acc, alo, bhi, acc);
@@ -200,7 +227,7 @@ struct BackwardPhi {
   int rows_alloc;
   LUNAJIT_DEVICE void operator()(const float* x, float* phi, float* scratch, int valid,
                                  const FeatureContext& ctx) const {
-    backward_phi_tile<K, K::threads>(x, phi, scratch, x_words, valid, rows_alloc, ctx);
+    backward_phi_tile<K, K::threads, backward_phi_stride<K>()>(x, phi, scratch, x_words, valid, rows_alloc, ctx);
   }
 };
 
@@ -214,6 +241,7 @@ struct BackwardMmaTraits {
   static constexpr int NW = K::threads / 32;
   static constexpr int Tk = BackwardTraits<K>::kTokens;  // block_tokens, or chunk (causal)
   static constexpr int PD = mma_row_halves(K::D), PV = mma_row_halves(K::dv);
+  static constexpr int PS = backward_phi_stride<K>();  // the fp32 phi and dphi tiles' row stride
   static constexpr MmaWarpTiling kDstate = mma_warp_tiling(KernelKind::state, K::D, K::dv, Tk, NW);
   static constexpr MmaWarpTiling kRowsByD = mma_warp_tiling(KernelKind::output, K::D, K::D, Tk, NW);   // dphi
   static constexpr MmaWarpTiling kRowsByDv = mma_warp_tiling(KernelKind::output, K::D, K::dv, Tk, NW); // dv
@@ -232,6 +260,7 @@ struct BackwardMmaTraits {
     p.split_v = kSplitV ? 1 : 0;
     p.score_pad = K::causal ? 1 : 0;
     p.staged_state = BackwardTraits<K>::kStaged ? 1 : 0;
+    p.phi_stride = PS;
     return p;
   }
   static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
@@ -294,9 +323,9 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   for (int t0 = range.begin; t0 < range.end; t0 += Tk) {
     const int valid = min(Tk, range.end - t0);
     // phi(q)'s x copy in the (still free) phi_h, phi_lo tiles.
-    query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, r_row + t0, FeatureContext{params, t0, seq, 1, 0.0f},
+    query_tile_gradients<K, M::PS>(a, b, h, t0, valid, L, smem, z, r_row + t0, FeatureContext{params, t0, seq, 1, 0.0f},
                             mma_detail::BackwardPhi<K>{reinterpret_cast<unsigned*>(smem + LM.phi_h), Tk});
-    mma_detail::split_rows<NT, D, PD>(smem + L.phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
+    mma_detail::split_rows<NT, D, PD, M::PS>(smem + L.phi_q, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                       reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
     mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                        reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
@@ -408,7 +437,7 @@ __global__ void __launch_bounds__(K::threads,
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   // phi(q)'s x copy in the dphi tile, free until the products' epilogue.
   static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in dphi");
-  query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, nullptr, ctx,
+  query_tile_gradients<K, M::PS>(a, b, h, t0, valid, L, smem, z, nullptr, ctx,
                           mma_detail::BackwardPhi<K>{reinterpret_cast<unsigned*>(dphi), Tk});
   mma_detail::split_rows<NT, DV, PV>(smem + L.dout, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                      reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
@@ -427,14 +456,18 @@ __global__ void __launch_bounds__(K::threads,
   const Op* const as[3] = {g_hi, g_hi, g_lo};
   const Op* const bs[3] = {s_hi, s_lo, s_hi};
   mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
-      as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float v) {
-        if (i < valid) dphi[i * D + f] = v * unscale;
-      });
+      as, bs, warp % W.warps_m, warp / W.warps_m, lane,
+      mma_detail::pair_epilogue([&](int i, int f, float v0, float v1) {
+        if (i < valid) mma_detail::store_pair(dphi + i * M::PS + f, v0 * unscale, v1 * unscale);
+      }));
   __syncthreads();
   if constexpr (K::normalize) {
-    query_r<K>(smem + L.phi_q, dphi, smem + L.den, smem + L.r,
-               a.workspace + w.r + bh * (long long)args.problem.seq + t0, valid);
-    for (int e = threadIdx.x; e < valid * D; e += NT) dphi[e] = fmaf(z[e % D], r[e / D], dphi[e]);
+    query_r<K, M::PS>(smem + L.phi_q, dphi, smem + L.den, smem + L.r,
+                      a.workspace + w.r + bh * (long long)args.problem.seq + t0, valid);
+    for (int e = threadIdx.x; e < valid * D; e += NT) {
+      const int i = e / D, f = e - i * D;
+      dphi[i * M::PS + f] = fmaf(z[f], r[i], dphi[i * M::PS + f]);
+    }
     __syncthreads();
   }
   M::FMB::template backward<NT>(smem + L.x, smem + L.phi_q, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
@@ -484,14 +517,15 @@ __global__ void __launch_bounds__(K::threads,
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 0,
                            K::performer ? a.workspace[bh] : 0.0f};
   static_assert(L.v - L.dphi >= backward_phi_x_floats<K>(Tk), "phi's x copy fits in dphi");
-  backward_phi_tile<K, NT>(smem + L.x, phi, smem + L.scratch, reinterpret_cast<unsigned*>(dphi), valid, Tk, ctx);
+  backward_phi_tile<K, NT, M::PS>(smem + L.x, phi, smem + L.scratch, reinterpret_cast<unsigned*>(dphi), valid, Tk,
+                                  ctx);
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
     mma_detail::split_rows<NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h),
                                        reinterpret_cast<unsigned*>(smem + LM.a_lo), valid, Tk);
   else
     mma_detail::round_rows<T, NT, DV, PV>(smem + L.v, reinterpret_cast<unsigned*>(smem + LM.a_h), valid, Tk);  // exact
   __syncthreads();
-  mma_detail::split_rows<NT, D, PD>(phi, reinterpret_cast<unsigned*>(smem + LM.phi_h),
+  mma_detail::split_rows<NT, D, PD, M::PS>(phi, reinterpret_cast<unsigned*>(smem + LM.phi_h),
                                     reinterpret_cast<unsigned*>(smem + LM.phi_lo), valid, Tk);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -507,9 +541,9 @@ __global__ void __launch_bounds__(K::threads,
   const Op* phi_lo = reinterpret_cast<const Op*>(smem + LM.phi_lo);
   const Op* const phis[3] = {phi_hi, phi_hi, phi_lo};
   const Op* const dss[3] = {s_hi, s_lo, s_hi};
-  const auto dphi_epi = [&](int i, int f, float v) {
-    if (i < valid) dphi[i * D + f] = fmaf(v, unscale, dz[f]);
-  };
+  const auto dphi_epi = mma_detail::pair_epilogue([&](int i, int f, float v0, float v1) {
+    if (i < valid) mma_detail::store_pair(dphi + i * M::PS + f, fmaf(v0, unscale, dz[f]), fmaf(v1, unscale, dz[f + 1]));
+  });
   if constexpr (M::kSplitV) {
     const Op* const vs[3] = {v_h, v_h, v_lo};
     const Op* const ss[3] = {s_hi, s_lo, s_hi};
@@ -714,20 +748,20 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   load_rows<T, NT>(a.k, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
-  backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C,
-                           FeatureContext{params, t0, seq, 0, 0.0f});
+  backward_phi_tile<K, NT, M::PS>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C,
+                                  FeatureContext{params, t0, seq, 0, 0.0f});
   const FeatureContext ctx{params, t0, seq, 1, 0.0f};
   load_rows<T, NT>(a.q, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
   __syncthreads();
-  backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
-  mma_detail::masked_scores<Op, NT, C, CS, D>(phi_q, phi_k, A, valid, nullptr);  // A_ij = phi(q_i) . phi(k_j)
+  backward_phi_tile<K, NT, M::PS>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
+  mma_detail::masked_scores<Op, NT, C, CS, D, M::PS>(phi_q, phi_k, A, valid, nullptr);  // A_ij = phi(q_i) . phi(k_j)
   __syncthreads();
   // den_i = phi(q_i) . z_<c + sum_{j<=i in c} A_ij + eps, kept for the dkv kernel.
   for (int i = threadIdx.x; i < valid; i += NT) {
     float s = 1.0f;
     if constexpr (K::normalize) {
-      s = fm::dot_rotated<D>(phi_q + i * D, z, i) + K::eps;
+      s = fm::dot_rotated<D>(phi_q + i * M::PS, z, i) + K::eps;
       for (int j = 0; j <= i; ++j) s += A[i * CS + j];
       a.workspace[w.den + bh * ws_seq + t0 + i] = s;
     }
@@ -738,25 +772,32 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   // B_ij = g_i . v_j here; r_i joins dphi(q_i) once query_r has it (below).
   mma_detail::masked_scores<Op, NT, C, CS, DV>(g, v, B, valid, nullptr);
   mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
-  mma_detail::split_rows<NT, D, PD>(phi_q, phi_hw, phi_lw, valid, C);
+  mma_detail::split_rows<NT, D, PD, M::PS>(phi_q, phi_hw, phi_lw, valid, C);
   __syncthreads();
   {  // dphi(q): inter-chunk on mma (as mma_dq_kernel), intra-chunk fp32 in the epilogue
     const Op* const as[3] = {g_hi, g_hi, g_lo};
     const Op* const bs[3] = {s_hi, s_lo, s_hi};
     mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
-        as, bs, warp % W.warps_m, warp / W.warps_m, lane, [&](int i, int f, float x) {
+        as, bs, warp % W.warps_m, warp / W.warps_m, lane,
+        mma_detail::pair_epilogue([&](int i, int f, float x0, float x1) {
           if (i < valid) {
-            float s = x * unscale;
+            float s0 = x0 * unscale, s1 = x1 * unscale;
             // The 8 rows of a fragment (i | 7 alike) walk the same j: one
-            // phi(k) row per step (B is 0 past the diagonal).
+            // phi(k) row per step (B is 0 past the diagonal), columns f and
+            // f + 1 as one 64-bit load.
             const int j_end = min(i | 7, valid - 1);
-            for (int j = 0; j <= j_end; ++j) s = fmaf(B[i * CS + j], phi_k[j * D + f], s);
-            dphi[i * D + f] = s;
+            for (int j = 0; j <= j_end; ++j) {
+              const float b_ij = B[i * CS + j];
+              const float2 pk = mma_detail::load_pair(phi_k + j * M::PS + f);
+              s0 = fmaf(b_ij, pk.x, s0);
+              s1 = fmaf(b_ij, pk.y, s1);
+            }
+            mma_detail::store_pair(dphi + i * M::PS + f, s0, s1);
           }
-        });
+        }));
   }
   __syncthreads();
-  causal_query_r<K>(phi_q, phi_k, z, dphi, den, r, a.workspace + w.r + bh * ws_seq + t0, valid);
+  causal_query_r<K, M::PS>(phi_q, phi_k, z, dphi, den, r, a.workspace + w.r + bh * ws_seq + t0, valid);
   for (int e = threadIdx.x; e < C / 2; e += NT) {
     const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;
     mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
@@ -778,7 +819,7 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   store_tile<K>(smem + L.dx, valid, K::d, a.dq, b, h, off + t0);
   if (t0 + C < cb.range.end) {  // block-uniform: S_<c+1 = S_<c + Phi_k^T [V | 1] for the next chunk
     __syncthreads();  // the J^T's staging (over phi_h ...) is free
-    mma_detail::split_rows<NT, D, PD>(phi_k, phi_hw, phi_lw, valid, C);
+    mma_detail::split_rows<NT, D, PD, M::PS>(phi_k, phi_hw, phi_lw, valid, C);
     if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
       mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
     else
@@ -848,6 +889,10 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   using Op = typename M::Op;
   using CB = CausalRangeBlock<K, BackwardKind::causal_dkv>;
   constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
+  // phi(q)'s rows stay D floats apart here (phi(k)'s and dphi's are padded,
+  // M::PS): padded too, ptxas needed a 16-byte stack frame on sm_90, where
+  // this walk runs at 128 registers for two blocks per SM.
+  constexpr int QS = D;
   constexpr MmaWarpTiling WD = M::kRowsByD, WV = M::kRowsByDv, WS = M::kDstate;
   constexpr BackwardMmaSmem LM = CB::LM;
   constexpr BackwardSmem L = CB::L;
@@ -887,32 +932,38 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   for (int i = threadIdx.x; i < valid; i += NT)
     den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
   __syncthreads();
-  backward_phi_tile<K, NT>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
-                           FeatureContext{params, t0, seq, 1, 0.0f});
+  backward_phi_tile<K, NT, QS>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
+                                  FeatureContext{params, t0, seq, 1, 0.0f});
   load_rows<T, NT>(a.k, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
   const FeatureContext ctx{params, t0, seq, 0, 0.0f};
-  backward_phi_tile<K, NT>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
+  backward_phi_tile<K, NT, M::PS>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
   // r from mma_causal_dq_kernel; ends with a barrier: phi(k) is visible
   query_gradients<K>(g, den, a.workspace + w.r + bh * ws_seq + t0, r, valid);
-  mma_detail::masked_scores<Op, NT, C, CS, D>(phi_q, phi_k, A, valid, nullptr);  // as in dq
+  mma_detail::masked_scores<Op, NT, C, CS, D, QS, M::PS>(phi_q, phi_k, A, valid, nullptr);  // as in dq
   mma_detail::masked_scores<Op, NT, C, CS, DV>(g, v, B, valid, r);               // B_ij = g_i . v_j + r_i
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
     mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
   else
     mma_detail::round_rows<T, NT, DV, PV>(v, a_hw, valid, C);  // exact
-  mma_detail::split_rows<NT, D, PD>(phi_k, phi_hw, phi_lw, valid, C);
+  mma_detail::split_rows<NT, D, PD, M::PS>(phi_k, phi_hw, phi_lw, valid, C);
   __syncthreads();
-  const auto dphi_epi = [&](int j, int f, float x) {
+  const auto dphi_epi = mma_detail::pair_epilogue([&](int j, int f, float x0, float x1) {
     if (j < valid) {
-      float s = fmaf(x, unscale, dz[f]);
+      float s0 = fmaf(x0, unscale, dz[f]), s1 = fmaf(x1, unscale, dz[f + 1]);
       // The 8 rows of a fragment (j & ~7 alike) walk the same i: one phi(q)
-      // row per step, not 8 rows 64 floats apart (A, B are 0 above the diagonal).
-      for (int i = j & ~7; i < valid; ++i) s = fmaf(B[i * CS + j], phi_q[i * D + f], s);
-      dphi[j * D + f] = s;
+      // row per step, not 8 rows a tile stride apart (A, B are 0 above the
+      // diagonal), columns f and f + 1 as one 64-bit load.
+      for (int i = j & ~7; i < valid; ++i) {
+        const float b_ij = B[i * CS + j];
+        const float2 pq = mma_detail::load_pair(phi_q + i * QS + f);
+        s0 = fmaf(b_ij, pq.x, s0);
+        s1 = fmaf(b_ij, pq.y, s1);
+      }
+      mma_detail::store_pair(dphi + j * M::PS + f, s0, s1);
     }
-  };
+  });
   if constexpr (M::kSplitV) {
     const Op* const vs[3] = {v_h, v_h, v_lo};
     const Op* const ss[3] = {s_hi, s_lo, s_hi};
@@ -940,7 +991,7 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   store_tile<K>(smem + L.dx, valid, K::d, a.dk, b, h, off + t0);
   if (t0 > cb.range.begin) {  // block-uniform: dS_>c-1 = dS_>c + Phi_q^T [G | r] for the chunk before
     __syncthreads();  // the J^T's staging (over phi_h ...) is free
-    mma_detail::split_rows<NT, D, PD>(phi_q, phi_hw, phi_lw, valid, C);
+    mma_detail::split_rows<NT, D, PD, QS>(phi_q, phi_hw, phi_lw, valid, C);
     mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
     for (int e = threadIdx.x; e < C / 2; e += NT) {
       const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;

@@ -214,8 +214,9 @@ TEST(CostModelCounts, MmaStateKernelMovesItsProductsToTensorCores) {
 // dkv) maps it on tensor cores to fp32 level (mma_phi_split_tile): per row
 // 2 * 2 d M (u, W split) + 3 * 2 M Hm L (psi, three split terms) = 2048 +
 // 24576 = 26624 on mma, replacing 2 d M + 2 M Hm L = 9216 of F (17408 more
-// executed), and M Hm / 32 + 2 d / 64 + D / 8 = 16 + 2 + 8 = 26 wavefronts in
-// place of the fp32 map's 282.
+// executed), and M Hm / 32 + 2 d / 64 + D / 32 = 16 + 2 + 2 = 20 wavefronts in
+// place of the fp32 map's 282 (phi's fp32 tile in conflict-free 64-bit stores,
+// its rows padded: backward_phi_stride; D / 8 while they were D floats apart).
 TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   const AttentionSpec s = default_spec(Family::luna);  // bf16, D = dv = 64
   const TileConfig c = TileConfig(64, 4, 64, 64, 1).with_mma(true);
@@ -281,8 +282,8 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     EXPECT_EQ(k.tc_dtype, DType::bf16);
   }
   const auto dq = kernel_counts(s, c, Pass::backward, "dq", shape).value_or_throw();
-  // dq = phi on tensor cores (26 per row) + the J^T's 83.25 + G S^T's 3 split terms.
-  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (26 + 83.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
+  // dq = phi on tensor cores (20 per row) + the J^T's 83.25 + G S^T's 3 split terms.
+  EXPECT_DOUBLE_EQ(dq.smem_wavefronts, N * (20 + 83.25) + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
 }
 
 TEST(CostModelCounts, CausalChunkWalkAndConflictedTiles) {
