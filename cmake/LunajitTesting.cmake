@@ -19,7 +19,8 @@
 # failing cases of a batch are named in its output (ctest --output-on-failure),
 # and `<exe> --gtest_filter=...` reruns one.
 #
-# A batch that selects no case fails (gtest prints "[  PASSED  ] 0 tests."
+# Each batch is labelled gtest_batch_<target> (the Makefile's asan-test skips
+# the batches of executables it did not build). A batch that selects no case fails (gtest prints "[  PASSED  ] 0 tests."
 # and exits 0 when a filter matches nothing, e.g. after a rename).
 function(lunajit_gtest target)
   cmake_parse_arguments(ARG "" "TIMEOUT;DISCOVERY_TIMEOUT" "BATCH;LABELS" ${ARGN})
@@ -48,9 +49,11 @@ function(lunajit_gtest target)
     if(ARG_TIMEOUT)
       set_tests_properties("${name}" PROPERTIES TIMEOUT ${ARG_TIMEOUT})
     endif()
-    if(ARG_LABELS)
-      set_tests_properties("${name}" PROPERTIES LABELS "${ARG_LABELS}")
-    endif()
+    # gtest_batch_<target>: a build that builds only some test executables
+    # (make asan-test) excludes the batches of the others by this label, as
+    # gtest_discover_tests names their cases <target>_NOT_BUILT.
+    set(batch_labels ${ARG_LABELS} "gtest_batch_${target}")
+    set_tests_properties("${name}" PROPERTIES LABELS "${batch_labels}")
     list(APPEND excluded "${pattern}")
   endforeach()
   set(filter_args "")
