@@ -72,6 +72,11 @@ struct ForwardArgs {
   // (stride_batch is ignored), and problem.seq is the longest length (it sizes
   // the grid and the workspace).
   const int* cu_seqlens;
+  // Ranges the sequence of each (batch, head) is split into by the state pass
+  // and the causal super-chunk walk: the launch plan's choice from the GPU's SM
+  // count, 1 .. K::state_splits (the compiled maximum); 0 = K::state_splits.
+  // It also sets the workspace layout ([batch*heads][splits][...]).
+  int splits;
 };
 
 // Backward of linear attention (docs/MATH.md §1). o is the forward output,
@@ -102,6 +107,7 @@ struct BackwardArgs {
   float* dinitial_S;
   float* dinitial_z;
   const int* cu_seqlens;  // as in ForwardArgs
+  int splits;             // as in ForwardArgs
 };
 
 // One decoding step (templates/lunajit/linear_attention_decode.cuh): q, k, v

@@ -6,10 +6,11 @@
 //   K::block_tokens, K::dv_block, K::chunk, K::state_splits, K::causal,
 //   K::normalize, K::eps, K::params_per_head, K::param_floats, K::performer.
 //
-// Non-causal = two passes. state_kernel, grid (batch*heads, state_splits,
-// dv blocks): each block streams K/V tiles of its part of the sequence and
-// accumulates a partial (S, z) in registers; partials go to the workspace.
-// With state_splits > 1, state_reduce_kernel, grid (batch*heads, entry
+// Non-causal = two passes. state_kernel, grid (batch*heads, splits, dv
+// blocks; splits = ForwardArgs::splits, at most K::state_splits): each block
+// streams K/V tiles of its part of the sequence and accumulates a partial
+// (S, z) in registers; partials go to the workspace.
+// With splits > 1, state_reduce_kernel, grid (batch*heads, entry
 // blocks), then sums the partials in split order (deterministic) into
 // partial 0, once per (batch, head). output_kernel, grid (query tiles,
 // batch*heads, dv blocks): reads that state, maps Q and writes O.
@@ -175,15 +176,21 @@ __global__ void __launch_bounds__(K::threads) forward_key_stab_kernel(const Forw
   }
 }
 
-// The tokens [begin, end) of split `split` of K::state_splits over a sequence
-// of seq tokens in tiles of `tile`: whole tiles, ceil(tiles / splits) each.
+// The number of ranges of a launch (ForwardArgs::splits, BackwardArgs::splits):
+// the plan's runtime choice, at most the compiled K::state_splits.
+template <class K, class Args>
+LUNAJIT_DEVICE int split_count(const Args& a) {
+  return a.splits > 0 ? a.splits : K::state_splits;
+}
+
+// The tokens [begin, end) of split `split` of `splits` over a sequence of seq
+// tokens in tiles of `tile`: whole tiles, ceil(tiles / splits) each.
 struct TokenRange {
   int begin, end;
 };
-template <class K>
-LUNAJIT_DEVICE TokenRange split_range(int seq, int split, int tile) {
+LUNAJIT_DEVICE TokenRange split_range(int seq, int split, int splits, int tile) {
   const int tiles = (seq + tile - 1) / tile;
-  const int tiles_per_split = (tiles + K::state_splits - 1) / K::state_splits;
+  const int tiles_per_split = (tiles + splits - 1) / splits;
   const int begin = min(seq, split * tiles_per_split * tile);
   return TokenRange{begin, min(seq, begin + tiles_per_split * tile)};
 }
@@ -191,11 +198,11 @@ LUNAJIT_DEVICE TokenRange split_range(int seq, int split, int tile) {
 // Non-causal state pass: partial S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j)
 // over this block's share of the sequence. Grid (batch*heads, splits, dv blocks).
 // The state pass of one block, shared by the forward and the backward:
-// partials (S, z) of (batch*heads, split) written to `parts_base`
+// partials (S, z) of (batch*heads, split) of `splits` written to `parts_base`
 // [batch*heads][splits][D*dv + D].
 template <class K>
 LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
-                                const float* all_params, float key_stab, float* parts_base) {
+                                const float* all_params, float key_stab, float* parts_base, int splits) {
   using Tr = KernelTraits<K>;
   constexpr int T = K::block_tokens, D = K::D, DVB = K::dv_block, NT = K::threads;
   constexpr SmemLayout L = smem_layout(KernelKind::state, Tr::dims(T));
@@ -204,7 +211,7 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
   float* smem = reinterpret_cast<float*>(dynamic_smem());
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const TokenRange range = split_range<K>(seq, split, T);
+  const TokenRange range = split_range(seq, split, splits, T);
   const int s0 = range.begin, s1 = range.end;
   const float* params = Tr::head_params(all_params, h);
 
@@ -247,7 +254,7 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
     }
     __syncthreads();
   }
-  float* part = parts_base + ((long long)bh * K::state_splits + split) * ((long long)D * K::dv + D);
+  float* part = parts_base + ((long long)bh * splits + split) * ((long long)D * K::dv + D);
 #pragma unroll
   for (int i = 0; i < kEntries; ++i) {
     const int e = threadIdx.x + i * NT;
@@ -266,33 +273,36 @@ LUNAJIT_DEVICE void state_block(const Problem& problem, const TensorRef& k_in, c
 // summed in split order (fixed: deterministic) into partial 0, in place:
 // state_reduce_kernel (forward), backward_state_reduce_kernel and
 // dstate_reduce_kernel (backward) run between the pass that writes the
-// partials and the kernels that read the state, when state_splits > 1. The
+// partials and the kernels that read the state, when splits > 1. The
 // readers (output, dstate, dq, dkv; scalar and tensor-core) then read one
 // state from partial 0: before, every query or key tile summed all the
 // partials itself (the default forward at B 8, H 12, N 16384: 24,576 tiles
 // x 4 partials x 16.6 KB = 1.6 GB of L2 reads; the backward's 16-token
 // tiles 6.5 GB in dq and again in dkv). The same fp32 sums in the same
 // order as the readers' loops were: the same results. Grid (batch*heads,
-// ceil((D*dv + D) / threads)); one thread per entry, its R loads in flight.
+// ceil((D*dv + D) / threads)); one thread per entry, its `splits` (at most
+// the compiled R) loads in flight.
 template <class K>
-LUNAJIT_DEVICE void reduce_state_partials(float* parts) {
+LUNAJIT_DEVICE void reduce_state_partials(float* parts, int splits) {
   constexpr long long kPart = (long long)K::D * K::dv + K::D;
   constexpr int R = K::state_splits;
   const long long e = (long long)blockIdx.y * K::threads + threadIdx.x;
   if (e >= kPart) return;
-  float* col = parts + (long long)blockIdx.x * R * kPart + e;
+  float* col = parts + (long long)blockIdx.x * splits * kPart + e;
   float x[R];
 #pragma unroll
-  for (int p = 0; p < R; ++p) x[p] = col[p * kPart];
+  for (int p = 0; p < R; ++p) x[p] = p < splits ? col[p * kPart] : 0.0f;
   float s = 0.0f;
 #pragma unroll
-  for (int p = 0; p < R; ++p) s += x[p];
+  for (int p = 0; p < R; ++p)
+    if (p < splits) s += x[p];
   col[0] = s;
 }
 
 template <class K>
 __global__ void __launch_bounds__(K::threads) state_reduce_kernel(const ForwardArgs args) {
-  reduce_state_partials<K>(args.workspace + forward_workspace_state_offset(args.problem.batch * args.problem.heads));
+  reduce_state_partials<K>(args.workspace + forward_workspace_state_offset(args.problem.batch * args.problem.heads),
+                           split_count<K>(args));
 }
 
 template <class K>
@@ -301,7 +311,7 @@ __global__ void __launch_bounds__(K::threads) state_kernel(const ForwardArgs arg
   const SeqSpan sp = sequence_span(args.cu_seqlens, bh / args.problem.heads, args.problem.seq);
   const ForwardArgs a = sequence_args<K>(args, sp);
   state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f,
-                 a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads));
+                 a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads), split_count<K>(a));
 }
 
 // Non-causal output pass: o_i = phi(q_i)^T S / (phi(q_i)^T z + eps).
@@ -320,7 +330,7 @@ __global__ void __launch_bounds__(K::threads) output_kernel(const ForwardArgs ar
   if (valid <= 0) return;  // a tile past the end of a shorter packed sequence (whole block)
   // The state: partial 0, summed over the splits by state_reduce_kernel.
   const float* state = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
-                       (long long)bh * K::state_splits * ((long long)D * K::dv + D);
+                       (long long)bh * split_count<K>(a) * ((long long)D * K::dv + D);
   float* S = smem + L.state;  // (D, DVB)
   float* z = smem + L.z;      // (D)
   for (int e = threadIdx.x; e < D * DVB; e += NT) {

@@ -36,7 +36,7 @@ struct BackwardTraits {
   static constexpr int kParamFloats = kLearned ? K::param_floats : 0;
   static constexpr bool kRunningMax = K::performer && K::causal;  // per-row key stabiliser
   // The causal backward on tensor cores (linear_attention_backward_mma.cuh):
-  // per-range state partials (K::state_splits super-chunk ranges) scanned in
+  // per-range state partials (BackwardArgs::splits super-chunk ranges) scanned in
   // place, chunk walks within each range, one parameter slot per range and side.
   static constexpr bool kCausalTiles = K::causal && K::mma;
   // The non-causal backward on tensor cores: its reduce kernels stage the
@@ -46,15 +46,18 @@ struct BackwardTraits {
     return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
                         kParamFloats, kRunningMax ? 1 : 0};
   }
-  static LUNAJIT_DEVICE BackwardWorkspace workspace(const Problem& p) {
-    return backward_workspace(p.batch * p.heads, p.seq, K::state_splits, K::D, K::dv, K::causal, kTokens,
+  // The layout of a launch's workspace: its splits (split_count) set the
+  // partials' and the causal walks' slot counts.
+  static LUNAJIT_DEVICE BackwardWorkspace workspace(const BackwardArgs& a) {
+    const Problem& p = a.problem;
+    return backward_workspace(p.batch * p.heads, p.seq, split_count<K>(a), K::D, K::dv, K::causal, kTokens,
                               kParamFloats, kRunningMax, kCausalTiles, kStaged);
   }
 };
 
 // z (D) of the state of one (batch, head): partial 0 of its split partials
 // [splits][D*dv + D], which backward_state_reduce_kernel summed over the
-// splits (reduce_state_partials, when state_splits > 1).
+// splits (reduce_state_partials, when splits > 1).
 template <class K>
 LUNAJIT_DEVICE void load_state_z(const float* parts, float* z) {
   for (int f = threadIdx.x; f < K::D; f += K::threads) z[f] = parts[K::D * K::dv + f];
@@ -196,24 +199,24 @@ __global__ void __launch_bounds__(K::threads) backward_key_stab_kernel(const Bac
 // (S, z) partials, exactly as the forward. Grid (batch*heads, splits, dv blocks).
 template <class K>
 __global__ void __launch_bounds__(K::threads) backward_state_kernel(const BackwardArgs args) {
-  const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(args);
   const SeqSpan sp = sequence_span(args.cu_seqlens, blockIdx.x / args.problem.heads, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
-  state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
+  state_block<K>(Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params, K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state, split_count<K>(a));
 }
 
 // (dS, dz) partials over this block's share of the queries. Grid (batch*heads, splits).
 // The non-causal split partials of (S, z) (written by the state pass) and of
 // (dS, dz) (by dstate) summed into partial 0 (reduce_state_partials, when
-// state_splits > 1). Grid (batch*heads, ceil((D*dv + D) / threads)).
+// splits > 1). Grid (batch*heads, ceil((D*dv + D) / threads)).
 template <class K>
 __global__ void __launch_bounds__(K::threads) backward_state_reduce_kernel(const BackwardArgs args) {
-  reduce_state_partials<K>(args.workspace + BackwardTraits<K>::workspace(args.problem).state);
+  reduce_state_partials<K>(args.workspace + BackwardTraits<K>::workspace(args).state, split_count<K>(args));
 }
 
 template <class K>
 __global__ void __launch_bounds__(K::threads) dstate_reduce_kernel(const BackwardArgs args) {
-  reduce_state_partials<K>(args.workspace + BackwardTraits<K>::workspace(args.problem).dstate);
+  reduce_state_partials<K>(args.workspace + BackwardTraits<K>::workspace(args).dstate, split_count<K>(args));
 }
 
 template <class K>
@@ -224,15 +227,16 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   constexpr int kEntries = state_entries_per_thread(D, DV, NT);
   constexpr int kZEntries = (D + NT - 1) / NT;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, split = blockIdx.y;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
   const int seq = sp.len;
-  const TokenRange range = split_range<K>(seq, split, T);
+  const int splits = split_count<K>(a);
+  const TokenRange range = split_range(seq, split, splits, T);
   constexpr long long kPart = (long long)D * DV + D;
   float* z = smem + L.z;
-  load_state_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
+  load_state_z<K>(a.workspace + w.state + (long long)bh * splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   float acc[kEntries];
   float zacc[kZEntries];
@@ -266,7 +270,7 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
     }
     __syncthreads();
   }
-  float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
+  float* part = a.workspace + w.dstate + ((long long)bh * splits + split) * kPart;
 #pragma unroll
   for (int i = 0; i < kEntries; ++i) {
     const int e = threadIdx.x + i * NT;
@@ -288,7 +292,7 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args)
   constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dq, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -302,7 +306,7 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args)
   const float* g = smem + L.dout;
   const float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  load_state<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
+  load_state<K>(a.workspace + w.state + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, nullptr, ctx);
@@ -332,7 +336,7 @@ __global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs args
   constexpr int T = K::block_tokens, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::dkv, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -346,7 +350,7 @@ __global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs args
   float* dphi = smem + L.dphi;
   float* v = smem + L.v;
   float* dparams = smem + L.dparams;
-  load_state<K>(a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dS, dz);
+  load_state<K>(a.workspace + w.dstate + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), dS, dz);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
@@ -387,7 +391,7 @@ LUNAJIT_DEVICE void performer_causal_dq(const BackwardArgs& args) {
   constexpr float kappa = K::FeatureMap::kKernelEps;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -519,7 +523,7 @@ LUNAJIT_DEVICE void performer_causal_dkv(const BackwardArgs& args) {
   constexpr float kappa = K::FeatureMap::kKernelEps;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -641,7 +645,7 @@ __global__ void __launch_bounds__(K::threads) causal_dq_kernel(const BackwardArg
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dq, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -741,7 +745,7 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_sme
   constexpr int C = K::chunk, D = K::D, DV = K::dv, NT = K::threads;
   constexpr BackwardSmem L = backward_smem_layout(BackwardKind::causal_dkv, Tr::dims());
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -827,7 +831,7 @@ __global__ void __launch_bounds__(K::threads, sole_block_min_blocks(backward_sme
 }
 
 // The tensor-core causal backward (Tr::kCausalTiles): the per-range
-// partials [ranges][D*dv + D] of one (batch, head) (K::state_splits
+// partials [ranges][D*dv + D] of one (batch, head) (BackwardArgs::splits
 // super-chunk ranges), written by the state pass (S_r, z_r) or the causal dq
 // kernel (dS_r, dz_r), become in place the exclusive prefix S_<r = S_0 +
 // sum_{r' < r} S_r' (S_0 the carried initial state, else 0) or suffix dS_>r =
@@ -872,18 +876,18 @@ LUNAJIT_DEVICE void causal_state_scan(const float* seed_S, const float* seed_z, 
 template <class K>
 __global__ void __launch_bounds__(K::threads) state_scan_kernel(const BackwardArgs a) {
   if constexpr (BackwardTraits<K>::kCausalTiles) {
-    const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
+    const BackwardWorkspace w = BackwardTraits<K>::workspace(a);
     causal_state_scan<K, false>(a.initial_S, a.initial_z, nullptr, nullptr, a.workspace + w.state, blockIdx.x,
-                                K::state_splits);
+                                split_count<K>(a));
   }
 }
 
 template <class K>
 __global__ void __launch_bounds__(K::threads) dstate_scan_kernel(const BackwardArgs a) {
   if constexpr (BackwardTraits<K>::kCausalTiles) {
-    const BackwardWorkspace w = BackwardTraits<K>::workspace(a.problem);
+    const BackwardWorkspace w = BackwardTraits<K>::workspace(a);
     causal_state_scan<K, true>(a.dfinal_S, a.dfinal_z, a.dinitial_S, a.dinitial_z, a.workspace + w.dstate,
-                               blockIdx.x, K::state_splits);
+                               blockIdx.x, split_count<K>(a));
   }
 }
 
@@ -915,7 +919,7 @@ struct ParamSlots {
   LUNAJIT_DEVICE ParamSlots(const BackwardArgs& a, int hb) {
     using Tr = BackwardTraits<K>;
     // One per tile (non-causal), one per range (the tensor-core causal walks), one (the causal scans).
-    tiles = Tr::kCausalTiles ? K::state_splits : K::causal ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
+    tiles = Tr::kCausalTiles ? split_count<K>(a) : K::causal ? 1 : (a.problem.seq + Tr::kTokens - 1) / Tr::kTokens;
     const int heads_summed = K::params_per_head ? 1 : a.problem.heads;
     n = 2LL * a.problem.batch * heads_summed * tiles;
     stride = K::params_per_head ? tiles * a.problem.heads : tiles;
@@ -975,7 +979,7 @@ __global__ void __launch_bounds__(K::threads) param_reduce_kernel(const Backward
     const long long groups = param_reduce_groups(ps.n, NW), gi = blockIdx.y;
     const long long gb = ps.group_begin(gi, groups), ge = ps.group_begin(gi + 1, groups);
     const long long begin = gb + (ge - gb) * warp / NW, end = gb + (ge - gb) * (warp + 1) / NW;
-    float* const col = a.workspace + Tr::workspace(a.problem).slots + p;
+    float* const col = a.workspace + Tr::workspace(a).slots + p;
     const float s = p < PF && begin < end ? sum_param_rows<PF>(col, begin, end, [&](long long e) { return ps.slot(e); })
                                           : 0.0f;
     const float total = sum_warp_partials<K::threads>(s);
@@ -993,7 +997,7 @@ __global__ void __launch_bounds__(K::threads) param_sum_kernel(const BackwardArg
     const ParamSlots<K> ps(a, hb);
     const long long groups = param_reduce_groups(ps.n, NW);
     const long long begin = groups * warp / NW, end = groups * (warp + 1) / NW;
-    const float* const col = a.workspace + Tr::workspace(a.problem).slots + p;
+    const float* const col = a.workspace + Tr::workspace(a).slots + p;
     // No group is empty while n >= 1 (param_reduce_groups <= n); n = 0 has no slots.
     const float s = p < PF && ps.n > 0 && begin < end
                         ? sum_param_rows<PF>(col, begin, end,

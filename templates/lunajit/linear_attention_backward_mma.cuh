@@ -271,13 +271,13 @@ struct BackwardMmaTraits {
 // (S, z) partials, as the forward's tensor-core state pass. Grid (batch*heads, splits, dv blocks).
 template <class K>
 __global__ void __launch_bounds__(K::threads) mma_backward_state_kernel(const BackwardArgs args) {
-  const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(args);
   const SeqSpan sp = sequence_span(args.cu_seqlens, blockIdx.x / args.problem.heads, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
   // Causal: one partial per super-chunk range (chunk tiles), scanned into S_<r by state_scan_kernel.
   mma_state_block<K, BackwardMmaTraits<K>::Tk, /*kSplitPhi=*/true>(
       Problem{a.problem.batch, a.problem.heads, sp.len}, a.k, a.v, a.params,
-      K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state);
+      K::performer ? a.workspace[blockIdx.x] : 0.0f, a.workspace + w.state, split_count<K>(a));
 }
 
 // [dS | dz] partials over this block's share of the queries: Phi_q~^T [G~ | r~].
@@ -292,15 +292,16 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   constexpr BackwardMmaSmem LM = M::layout(BackwardKind::dstate);
   constexpr BackwardSmem L = LM.base;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, split = blockIdx.y;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
   const int seq = sp.len;
-  const TokenRange range = split_range<K>(seq, split, Tk);
+  const int splits = split_count<K>(a);
+  const TokenRange range = split_range(seq, split, splits, Tk);
   constexpr long long kPart = (long long)D * DV + D;
   float* z = smem + L.z;
-  load_state_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
+  load_state_z<K>(a.workspace + w.state + (long long)bh * splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -338,7 +339,7 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
         acc, zacc, phi_hi, phi_lo, g_hi, g_lo, r_hi, r_lo, wm, wn, with_z, lane);
     __syncthreads();
   }
-  float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
+  float* part = a.workspace + w.dstate + ((long long)bh * splits + split) * kPart;
   mma_detail::write_state_partial<W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp>(acc, zacc, part, D, DV, 0, wm,
                                                                                    wn, with_z, lane);
 }
@@ -357,9 +358,10 @@ template <class K, bool kGradient>
 LUNAJIT_DEVICE void mma_reduce_and_stage(const BackwardArgs& args) {
   constexpr int D = K::D, DV = K::dv, NT = K::threads, NW = NT / 32, R = K::state_splits;
   constexpr long long kPart = (long long)D * DV + D;
-  const BackwardWorkspace w = BackwardTraits<K>::workspace(args.problem);
+  const BackwardWorkspace w = BackwardTraits<K>::workspace(args);
   const int bh = blockIdx.x, bh_count = args.problem.batch * args.problem.heads;
-  float* const part = args.workspace + (kGradient ? w.dstate : w.state) + (long long)bh * R * kPart;
+  const int splits = split_count<K>(args);
+  float* const part = args.workspace + (kGradient ? w.dstate : w.state) + (long long)bh * splits * kPart;
   float* const staged =
       args.workspace + w.staged + (long long)((kGradient ? bh_count : 0) + bh) * backward_staged_floats(D, DV);
   float* const red = reinterpret_cast<float*>(dynamic_smem());
@@ -367,11 +369,12 @@ LUNAJIT_DEVICE void mma_reduce_and_stage(const BackwardArgs& args) {
   for (int e = threadIdx.x; e < kPart; e += NT) {
     float x[R];
 #pragma unroll
-    for (int p = 0; p < R; ++p) x[p] = part[p * kPart + e];
+    for (int p = 0; p < R; ++p) x[p] = p < splits ? part[p * kPart + e] : 0.0f;
     float s = 0.0f;
 #pragma unroll
-    for (int p = 0; p < R; ++p) s += x[p];
-    if (R > 1) part[e] = s;
+    for (int p = 0; p < R; ++p)
+      if (p < splits) s += x[p];
+    if (splits > 1) part[e] = s;
     if (e < D * DV) smax = fmaxf(smax, fabsf(s));
   }
 #pragma unroll
@@ -418,7 +421,7 @@ __global__ void __launch_bounds__(K::threads,
   constexpr BackwardMmaSmem LM = M::layout(BackwardKind::dq);
   constexpr BackwardSmem L = LM.base;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -432,7 +435,7 @@ __global__ void __launch_bounds__(K::threads,
   // S as the reduce kernel staged it (2^-a S as bf16 hi + lo), z from partial 0.
   const float unscale = mma_detail::load_staged_state<NT, D, DV, PV>(
       a.workspace + w.staged + (long long)bh * backward_staged_floats(D, DV),
-      a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), z,
+      a.workspace + w.state + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), z,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo));
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   // phi(q)'s x copy in the dphi tile, free until the products' epilogue.
@@ -493,7 +496,7 @@ __global__ void __launch_bounds__(K::threads,
   constexpr BackwardMmaSmem LM = M::layout(BackwardKind::dkv);
   constexpr BackwardSmem L = LM.base;
   float* smem = reinterpret_cast<float*>(dynamic_smem());
-  const BackwardWorkspace w = Tr::workspace(args.problem);
+  const BackwardWorkspace w = Tr::workspace(args);
   const int bh = blockIdx.y, b = bh / args.problem.heads, h = bh % args.problem.heads;
   const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
   const BackwardArgs a = sequence_args<K>(args, sp);
@@ -509,7 +512,7 @@ __global__ void __launch_bounds__(K::threads,
   // dS as the reduce kernel staged it, dz from partial 0.
   const float unscale = mma_detail::load_staged_state<NT, D, DV, PV>(
       a.workspace + w.staged + (long long)(bh_count + bh) * backward_staged_floats(D, DV),
-      a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dz,
+      a.workspace + w.dstate + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), dz,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo));
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, smem + L.v);
@@ -573,7 +576,7 @@ __global__ void __launch_bounds__(K::threads,
 // ------------------------------------------------------------------ causal
 // The causal backward on tensor cores (docs/MATH.md "Tensor-core causal
 // backward"): the sequence of each (batch, head) splits into R =
-// K::state_splits super-chunk ranges of whole chunks (split_range, as the
+// BackwardArgs::splits (at most K::state_splits) super-chunk ranges of whole chunks (split_range, as the
 // forward's walk); a block takes one range and walks its chunks of C =
 // K::chunk tokens, seeded with the exclusive prefix S_<r, z_<r (dq, walking
 // forward) or suffix dS_>r, dz_>r (dk, dv, walking backward) of the per-range
@@ -640,7 +643,7 @@ struct CausalRangeBlock {
 
   // stage = false: the coordinates and tiles only (a chunk of the walk).
   LUNAJIT_DEVICE explicit CausalRangeBlock(const BackwardArgs& args, bool stage = true)
-      : smem(reinterpret_cast<float*>(dynamic_smem())), w(Tr::workspace(args.problem)) {
+      : smem(reinterpret_cast<float*>(dynamic_smem())), w(Tr::workspace(args)) {
     split = blockIdx.x;
     bh = blockIdx.y;
     b = bh / args.problem.heads;
@@ -649,11 +652,12 @@ struct CausalRangeBlock {
     bt = args.cu_seqlens != nullptr ? 0 : b;
     off = (int)sp.offset;
     ws_seq = args.problem.seq;
-    slot = (long long)bh * K::state_splits + split;
+    const int splits = split_count<K>(args);
+    slot = (long long)bh * splits + split;
     const long long side = kKind == BackwardKind::causal_dkv ? (long long)args.problem.batch * args.problem.heads : 0;
-    param_slot = w.slots + (side * K::state_splits + slot) * Tr::kParamFloats;
+    param_slot = w.slots + (side * splits + slot) * Tr::kParamFloats;
     seq = sp.len;
-    range = split_range<K>(seq, split, C);
+    range = split_range(seq, split, splits, C);
     z = smem + L.z;
     phi_q = smem + L.phi_q;
     phi_k = smem + L.phi_k;

@@ -5,7 +5,7 @@
 // spec (codegen/generator.cpp); fp32 specs keep the exact scalar kernels of
 // linear_attention.cuh.
 //
-// mma_state_kernel, grid (batch*heads, state_splits, dv blocks), as
+// mma_state_kernel, grid (batch*heads, splits (ForwardArgs::splits), dv blocks), as
 // state_kernel: S_aug = Phi_k^T [V | 1] over the block's share of the
 // sequence, i.e. S = Phi_k^T V and z = Phi_k^T 1 from the same A fragments
 // (z is an n-tile whose B fragment is all ones). Phi_k (fp32 from the feature
@@ -217,7 +217,7 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
 // only as hi + lo (11 significant bits), adds the product Phi_hi^T V_lo.
 template <class K, int Tk = K::block_tokens, bool kSplitPhi = false>
 LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_in, const TensorRef& v_in,
-                                    const float* all_params, float key_stab, float* parts_base) {
+                                    const float* all_params, float key_stab, float* parts_base, int splits) {
   using Tr = KernelTraits<K>;
   using T = typename K::T;
   static constexpr bool kSplitV = kSplitPhi && !mma::IsSame<T, __nv_bfloat16>::value;  // fp16 V
@@ -238,9 +238,9 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const Op* v_lo = reinterpret_cast<const Op*>(smem + L.v_lo);    // (Tk, PV), kSplitV
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const TokenRange range = split_range<K>(seq, split, Tk);
+  const TokenRange range = split_range(seq, split, splits, Tk);
   const int s0 = range.begin, s1 = range.end;
-  constexpr int parts_per_bh = K::state_splits;
+  const int parts_per_bh = splits;
   const float* params = Tr::head_params(all_params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -360,9 +360,9 @@ __global__ void __launch_bounds__(K::threads) mma_state_kernel(const ForwardArgs
   const Problem problem{a.problem.batch, a.problem.heads, sp.len};
   float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads);
   if constexpr (K::causal)  // the causal walk's per-range states (mma_causal_chunk_kernel)
-    mma_state_block<K, K::chunk>(problem, a.k, a.v, a.params, 0.0f, parts);
+    mma_state_block<K, K::chunk>(problem, a.k, a.v, a.params, 0.0f, parts, split_count<K>(a));
   else
-    mma_state_block<K>(problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f, parts);
+    mma_state_block<K>(problem, a.k, a.v, a.params, K::performer ? a.workspace[bh] : 0.0f, parts, split_count<K>(a));
 }
 
 template <class K>
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   }
   // The state: partial 0, summed over the splits by state_reduce_kernel.
   const float* state = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
-                       (long long)bh * K::state_splits * kPart;
+                       (long long)bh * split_count<K>(a) * kPart;
   float* S = smem + L.state;  // (D, DVB) fp32
   float* z = smem + L.z;      // (D) fp32
   float* red = smem + L.reduce;
@@ -527,8 +527,8 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 //      and o_i = acc / (dacc + eps r_i). n-tiles and k16 steps past the
 //      diagonal are skipped (masked to zero anyway).
 //   4. S += Phi_k^T V, z += Phi_k^T 1 on mma into the master registers.
-// With the super-chunk split (R = K::state_splits > 1; grid z = R ranges of
-// ceil(chunks / R) chunks) block r walks only range r, its master state seeded
+// With the super-chunk split (R = K::state_splits > 1 compiled; grid z = nr =
+// ForwardArgs::splits <= R ranges of ceil(chunks / nr) chunks) block r walks only range r, its master state seeded
 // with the carried state plus the fp32 states of ranges 0 .. r-1 (mma_state_kernel
 // on chunk tiles, launched first), summed in range order; only the last range
 // writes the final state.
@@ -568,8 +568,9 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   const int c0 = blockIdx.y * DVB, seq = sp.len;
   // This block's range of chunks (all of them unless the super-chunk split is on).
   constexpr int R = K::state_splits;
+  const int nr = R > 1 ? split_count<K>(a) : 1;  // this launch's ranges
   const int r = R > 1 ? (int)blockIdx.z : 0;
-  const int per_range = R > 1 ? ((seq + C - 1) / C + R - 1) / R : 0;
+  const int per_range = R > 1 ? ((seq + C - 1) / C + nr - 1) / nr : 0;
   const int t_begin = R > 1 ? min(seq, r * per_range * C) : 0;
   const int t_end = R > 1 ? min(seq, t_begin + per_range * C) : seq;
   const float* params = Tr::head_params(a.params, h);
@@ -608,14 +609,14 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
     }
   }
 
-  // Super-chunk split (R = K::state_splits > 1): block r walks range r of the
+  // Super-chunk split (R = K::state_splits > 1, nr ranges): block r walks range r of the
   // chunks, seeded with the carried state plus the states of ranges 0 .. r-1
   // (written by mma_state_kernel, chunk tiles, same range bounds), summed in
   // range order (fixed: deterministic).
   if (R > 1 && r > 0) {
     constexpr long long kPart = (long long)D * K::dv + D;
     const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
-                         (long long)bh * R * kPart;
+                         (long long)bh * nr * kPart;
     for (int p = 0; p < r; ++p) {
 #pragma unroll
       for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
@@ -855,7 +856,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   }
   // The final state (null pointers: not written), from the last range's
   // blocks; z from the first dv block.
-  if (blockIdx.z != R - 1) return;
+  if ((int)blockIdx.z != nr - 1) return;
 #pragma unroll
   for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
     const int f0 = (sm_ + WS.warps_m * i) * 16;
