@@ -607,12 +607,14 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
 }
 
 Result<std::vector<KernelCounts>> pass_counts(const AttentionSpec& spec, const TileConfig& config, Pass pass,
-                                              const ProblemShape& shape) {
-  auto plan = plan_launches(spec, config, pass, shape);
+                                              const ProblemShape& shape, int splits) {
+  auto plan = plan_launches(spec, config, pass, shape, splits);
   if (!plan) return plan.error();
+  // The kernels run with the plan's split count: counted as compiled with it.
+  const TileConfig run = config.with_state_splits(plan->splits);
   std::vector<KernelCounts> out;
   for (const KernelLaunch& l : plan->launches) {
-    auto k = kernel_counts(spec, config, pass, l.role, shape);
+    auto k = kernel_counts(spec, run, pass, l.role, shape);
     if (!k) return k.error();
     k->blocks = double(l.grid[0]) * l.grid[1] * l.grid[2];
     k->threads = int(l.threads);
@@ -653,7 +655,9 @@ KernelPrediction predict_kernel(const KernelCounts& k, const GpuSpec& gpu, const
   const double waves = std::ceil(blocks / slots);
   const double wave_eff = waves > 1 ? blocks / (waves * slots) : 1.0;
   p.efficiency = fill * hiding * wave_eff;
-  p.serial_ms = k.serial_steps * kSerialStepLatencyCycles / clock_hz /
+  // A block of a later wave starts its chain when a block of the wave before
+  // it ends: the chains of the waves add up.
+  p.serial_ms = waves * k.serial_steps * kSerialStepLatencyCycles / clock_hz /
                 (std::max(1, k.pipeline_stages) * std::max(1.0, resident)) * 1e3;
   const double busy = p.limb_ms() / std::max(p.efficiency, 1e-6);
   p.ms = busy + p.serial_ms + kLaunchOverheadMs;
@@ -667,12 +671,14 @@ KernelPrediction predict_kernel(const KernelCounts& k, const GpuSpec& gpu, const
   return p;
 }
 
-Result<PassPrediction> predict_pass(const AttentionSpec& spec, const TileConfig& config, Pass pass,
-                                    const ProblemShape& shape, const GpuSpec& gpu, const Arch& arch,
-                                    const std::map<std::string, KernelUsage>& usage) {
-  auto counts = pass_counts(spec, config, pass, shape);
+namespace {
+Result<PassPrediction> predict_at(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                  const ProblemShape& shape, const GpuSpec& gpu, const Arch& arch,
+                                  const std::map<std::string, KernelUsage>& usage, int splits) {
+  auto counts = pass_counts(spec, config, pass, shape, splits);
   if (!counts) return counts.error();
   PassPrediction out;
+  out.splits = splits;
   for (const KernelCounts& k : *counts) {
     auto it = usage.find(k.role);
     out.kernels.push_back(predict_kernel(k, gpu, arch, it != usage.end() ? std::optional(it->second) : std::nullopt));
@@ -680,6 +686,31 @@ Result<PassPrediction> predict_pass(const AttentionSpec& spec, const TileConfig&
   }
   out.counts = std::move(*counts);
   return out;
+}
+}  // namespace
+
+int best_splits(const AttentionSpec& spec, const TileConfig& config, Pass pass, const ProblemShape& shape,
+                const GpuSpec& gpu, const Arch& arch, const std::map<std::string, KernelUsage>& usage) {
+  const int top = config.state_splits();
+  if (!reads_runtime_splits(spec, config, pass)) return top;
+  int best = top;
+  double best_ms = 0;
+  for (int s = 1; s <= top; ++s) {
+    auto p = predict_at(spec, config, pass, shape, gpu, arch, usage, s);
+    if (!p) return top;  // the plan itself is invalid: predict_pass reports it
+    if (s == 1 || p->ms < best_ms) {
+      best = s;
+      best_ms = p->ms;
+    }
+  }
+  return best;
+}
+
+Result<PassPrediction> predict_pass(const AttentionSpec& spec, const TileConfig& config, Pass pass,
+                                    const ProblemShape& shape, const GpuSpec& gpu, const Arch& arch,
+                                    const std::map<std::string, KernelUsage>& usage) {
+  return predict_at(spec, config, pass, shape, gpu, arch, usage,
+                    best_splits(spec, config, pass, shape, gpu, arch, usage));
 }
 
 }  // namespace lunajit

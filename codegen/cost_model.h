@@ -33,10 +33,14 @@
 //     efficiency      = sm_fill * latency_hiding * wave_eff
 //   Serial chain (the causal chunk walk: each block walks serial_steps chunks
 //   one after another, each step waiting for its loads):
-//     t_serial = serial_steps * 600 cycles / clock / (stages * resident blocks per SM)
+//     t_serial = waves * serial_steps * 600 cycles / clock / (stages * resident blocks per SM)
 //     600 cycles: the order of a DRAM round trip that microbenchmarks report on
 //     A100/H100 (~450-700 cycles; an assumption, not a measurement); a
-//     pipeline of `stages` loads in flight or other resident blocks hide it.
+//     pipeline of `stages` loads in flight or other resident blocks hide it;
+//     waves = ceil(blocks / (SMs * blocks per SM)): a block of a later wave
+//     starts its chain when one of the wave before ends (before 2026-12-07
+//     the term left the waves out, so a super-chunk split into more blocks
+//     than one wave holds looked shorter than it is).
 //   t_kernel = max(limbs) / efficiency + t_serial + 3 us (launch)
 //   The limiter is the largest limb, or "latency" when t_serial exceeds
 //   max(limbs) / efficiency.
@@ -363,9 +367,11 @@ double feature_map_flops_per_token(const AttentionSpec& spec, bool is_query);
 Result<KernelCounts> kernel_counts(const AttentionSpec& spec, const TileConfig& config, Pass pass,
                                    std::string_view role, const ProblemShape& shape);
 
-// The counts of every kernel of the pass's launch plan, launch fields filled.
+// The counts of every kernel of the pass's launch plan at the runtime split
+// count `splits` (plan_launches; 0: the config's compiled count), each kernel
+// counted as run with it, launch fields filled.
 Result<std::vector<KernelCounts>> pass_counts(const AttentionSpec& spec, const TileConfig& config, Pass pass,
-                                              const ProblemShape& shape);
+                                              const ProblemShape& shape, int splits = 0);
 
 // What ptxas reported for a kernel; absent when not compiled.
 struct KernelUsage {
@@ -396,14 +402,24 @@ KernelPrediction predict_kernel(const KernelCounts& counts, const GpuSpec& gpu, 
 
 struct PassPrediction {
   double ms = 0;  // sum over the pass's kernels
+  int splits = 0;  // the runtime split count predicted at (best_splits)
   std::vector<KernelCounts> counts;
   std::vector<KernelPrediction> kernels;
 };
 
 // The predicted time of the pass at `shape` on `gpu` (whose limits are
-// `arch`); `usage` maps roles to ptxas resources (missing: 64 registers).
+// `arch`), at the runtime split count best_splits picks; `usage` maps roles to ptxas resources (missing: 64 registers).
 Result<PassPrediction> predict_pass(const AttentionSpec& spec, const TileConfig& config, Pass pass,
                                     const ProblemShape& shape, const GpuSpec& gpu, const Arch& arch,
                                     const std::map<std::string, KernelUsage>& usage = {});
+
+// The runtime split count (plan_launches) the pass runs at `shape` on `gpu`:
+// the s in 1 .. config.state_splits() of the least predicted time, the fewest
+// ranges on a tie (docs/ARCHITECTURE.md "Runtime split count"); the compiled
+// count where no kernel of the pass reads it (reads_runtime_splits). The
+// launch plans of the runner (CudaBackend::plan_splits), the tuner's ranking
+// and the kernel reports all take it from here.
+int best_splits(const AttentionSpec& spec, const TileConfig& config, Pass pass, const ProblemShape& shape,
+                const GpuSpec& gpu, const Arch& arch, const std::map<std::string, KernelUsage>& usage = {});
 
 }  // namespace lunajit

@@ -217,13 +217,30 @@ int64_t dynamic_smem_bytes(const AttentionSpec& spec, const TileConfig& c, Pass 
   return 0;
 }
 
+bool reads_runtime_splits(const AttentionSpec& spec, const TileConfig& c, Pass pass) {
+  return (pass != Pass::feature_map && !spec.causal) || causal_super_chunks(spec, c, pass) ||
+         causal_backward_tiles(spec, c, pass);
+}
+
 Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c, Pass pass,
-                                 const ProblemShape& shape) {
+                                 const ProblemShape& shape, int splits_in) {
   if (auto st = validate(shape); !st) return st.error();
+  if (splits_in < 0 || splits_in > c.state_splits())
+    return Error::invalid(fmt::format("launch plan: splits = {} is out of range: 0 (the compiled {}) or 1 .. {} "
+                                      "(the config's state_splits)",
+                                      splits_in, c.state_splits(), c.state_splits()));
   const int64_t bh = static_cast<int64_t>(shape.batch) * shape.heads;
   const unsigned dv_blocks = ceil_div(spec.value_dim, c.dv_block());
   const bool performer = spec.family == Family::performer;
   LaunchPlan plan;
+  // The runtime split count of the passes that read it (reads_runtime_splits);
+  // elsewhere no kernel reads it: the compiled value.
+  plan.splits = splits_in > 0 && reads_runtime_splits(spec, c, pass) ? splits_in : c.state_splits();
+  const int splits = plan.splits;
+  const auto usplits = static_cast<unsigned>(splits);
+  // A reduce of one partial is the identity: skipped (not the tensor-core
+  // backward's, which also stages the state).
+  const bool reduce = state_reduced(spec, c, pass) && (splits > 1 || backward_state_staged(spec, c, pass));
   // The reduce kernels: one thread per entry of a (D*dv + D) state.
   // The tensor-core backward's (which also stage the state): one block per (batch, head).
   auto reduce_blocks = [&](int64_t D) {
@@ -244,20 +261,20 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
       if (causal_super_chunks(spec, c, pass)) {
         // Per-range states (chunk tiles), then every range's walk seeded with
         // the ranges before it.
+        // One range: no earlier ranges to seed from, so no state pass.
         const int64_t D = spec.feature_dim();
-        const unsigned ranges = static_cast<unsigned>(c.state_splits());
-        add("state", {static_cast<unsigned>(bh), ranges, dv_blocks});
-        add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, ranges});
-        plan.workspace_floats = state_offset(bh) + bh * ranges * (D * spec.value_dim + D);
+        if (splits > 1) add("state", {static_cast<unsigned>(bh), usplits, dv_blocks});
+        add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, usplits});
+        plan.workspace_floats = state_offset(bh) + bh * splits * (D * spec.value_dim + D);
       } else if (spec.causal) {
         add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, 1});
         plan.workspace_floats = state_offset(bh);
       } else {
         const int64_t D = spec.feature_dim();
-        add("state", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), dv_blocks});
-        if (state_reduced(spec, c, pass)) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(D), 1});
+        add("state", {static_cast<unsigned>(bh), usplits, dv_blocks});
+        if (reduce) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(D), 1});
         add("output", {ceil_div(shape.seq, c.block_tokens()), static_cast<unsigned>(bh), dv_blocks});
-        plan.workspace_floats = state_offset(bh) + bh * c.state_splits() * (D * spec.value_dim + D);
+        plan.workspace_floats = state_offset(bh) + bh * splits * (D * spec.value_dim + D);
       }
       break;
     case Pass::backward: {
@@ -268,7 +285,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         // Super-chunk walks on tensor cores (linear_attention_backward_mma.cuh):
         // per-range states, their prefix, the dq walks (+ the ranges' dS), the
         // suffix, the dk and dv walks.
-        const unsigned ranges = static_cast<unsigned>(c.state_splits());
+        const unsigned ranges = usplits;
         const unsigned entries = ceil_div(int64_t(p.D) * p.dv + p.D, c.threads());
         add("state", {static_cast<unsigned>(bh), ranges, dv_blocks});
         add("state_scan", {static_cast<unsigned>(bh), entries, 1});
@@ -279,26 +296,26 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("causal_dq", {static_cast<unsigned>(bh), 1, 1});
         add("causal_dkv", {static_cast<unsigned>(bh), 1, 1});
       } else {
-        add("state", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), dv_blocks});
-        if (state_reduced(spec, c, pass)) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(p.D), 1});
+        add("state", {static_cast<unsigned>(bh), usplits, dv_blocks});
+        if (reduce) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(p.D), 1});
         // dq before dstate: dq writes each token's r (from its fp32 products), dstate reads it.
         add("dq", {tiles, static_cast<unsigned>(bh), 1});
-        add("dstate", {static_cast<unsigned>(bh), static_cast<unsigned>(c.state_splits()), 1});
-        if (state_reduced(spec, c, pass)) add("dstate_reduce", {static_cast<unsigned>(bh), reduce_blocks(p.D), 1});
+        add("dstate", {static_cast<unsigned>(bh), usplits, 1});
+        if (reduce) add("dstate_reduce", {static_cast<unsigned>(bh), reduce_blocks(p.D), 1});
         add("dkv", {tiles, static_cast<unsigned>(bh), 1});
       }
       if (p.param_floats > 0) {
         // 32 parameters a block; param_reduce cuts each head block's slots into groups, param_sum adds those.
         const unsigned blocks = spec.params_per_head ? static_cast<unsigned>(shape.heads) : 1u;
         const long long slots = backward_slots(static_cast<int>(bh), shape.seq, spec.causal, p.tokens,
-                                               causal_backward_tiles(spec, c, pass), c.state_splits()) /
+                                               causal_backward_tiles(spec, c, pass), splits) /
                                 blocks;
         const auto groups = static_cast<unsigned>(param_reduce_groups(slots, c.threads() / 32));
         add("param_reduce", {ceil_div(p.param_floats, 32), groups, blocks});
         add("param_sum", {ceil_div(p.param_floats, 32), blocks, 1});
       }
       plan.workspace_floats =
-          backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
+          backward_workspace(static_cast<int>(bh), shape.seq, splits, p.D, p.dv, spec.causal, p.tokens,
                              p.param_floats, p.running_max, causal_backward_tiles(spec, c, pass),
                              backward_state_staged(spec, c, pass))
               .total;

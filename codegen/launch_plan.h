@@ -36,7 +36,15 @@ struct KernelLaunch {
 struct LaunchPlan {
   std::vector<KernelLaunch> launches;  // in launch order
   int64_t workspace_floats = 0;        // fp32 scratch the caller allocates
+  // The ranges the state passes and the super-chunk walks split each (batch,
+  // head) into (ForwardArgs::splits / BackwardArgs::splits).
+  int splits = 1;
 };
+
+// Whether the pass's kernels read the runtime split count: the non-causal
+// state passes (forward and backward) and the tensor-core causal walks
+// (causal_super_chunks, causal_backward_tiles).
+bool reads_runtime_splits(const AttentionSpec& spec, const TileConfig& config, Pass pass);
 
 // The kernels of a pass in launch order, by role: "key_stab" (performer),
 // "feature_map"; forward "state", "output" | "causal_chunk"; backward "state",
@@ -98,7 +106,12 @@ int backward_phi_stride(const AttentionSpec& spec, const TileConfig& config);
 // o, dout and the gradients themselves (its workspace), for a sequence of `seq`.
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& config, int seq);
 
+// splits: the ranges the split passes run (reads_runtime_splits), 1 ..
+// config.state_splits(), the maximum the kernels are compiled for (the cost
+// model's best_splits picks it per GPU and shape; docs/ARCHITECTURE.md
+// "Runtime split count"); it sets plan.splits and with it the grids and the
+// workspace; 0: config.state_splits(). Out of range: invalid_argument.
 Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& config, Pass pass,
-                                 const ProblemShape& shape);
+                                 const ProblemShape& shape, int splits = 0);
 
 }  // namespace lunajit

@@ -8,8 +8,14 @@
 //   dv_block          columns of the value dimension one block owns; the grid
 //                     gets ceil(dv / dv_block) blocks along dv
 //   chunk         C   causal chunk size (tokens per intra-chunk masked product)
-//   state_splits      non-causal state pass: blocks per (batch, head) along the
-//                     sequence, reduced in a fixed order (deterministic)
+//   state_splits      the most ranges the sequence of a (batch, head) is split
+//                     into: the non-causal state passes' blocks along the
+//                     sequence (partials reduced in a fixed order:
+//                     deterministic) and the tensor-core causal walks'
+//                     super-chunk ranges. The kernels are compiled for this
+//                     maximum; the launch plan picks the count it runs, 1 ..
+//                     state_splits, from the GPU's SM count (choose_splits in
+//                     codegen/launch_plan.h)
 //   phi_backward      backward: recompute phi from q, k, or read it saved by the
 //                     forward (docs/ARCHITECTURE.md kernel plan)
 //   mma               forward of a bf16/fp16 spec: the non-causal state and
@@ -58,6 +64,13 @@ class TileConfig {
   TileConfig with_mma(bool on) const {
     TileConfig c = *this;
     c.mma_ = on;
+    return c;
+  }
+  // This config with state_splits = s (the cost model counts a launch plan's
+  // runtime split count with it).
+  TileConfig with_state_splits(int s) const {
+    TileConfig c = *this;
+    c.state_splits_ = s;
     return c;
   }
 
