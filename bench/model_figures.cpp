@@ -5,11 +5,13 @@
 // registers from an NVRTC compile. Usage: model_figures [B H N] [gpu,...]
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "codegen/cost_model.h"
 #include "codegen/generator.h"
+#include "codegen/launch_plan.h"
 #include "runtime/nvrtc_compiler.h"
 
 using namespace lunajit;
@@ -38,7 +40,9 @@ int main(int argc, char** argv) {
         if (mma && !can_implement(s, c, arch, pass)) continue;
         std::map<std::string, KernelUsage> usage;
         auto src = generate(s, c, pass).value_or_throw();
-        if (auto k = compile_nvrtc(src, arch)) {
+        auto k = compile_nvrtc(src, arch);
+        if (!k) std::fprintf(stderr, "  (no ptxas registers: %s)\n", k.error().message.c_str());
+        if (k) {
           for (const auto& e : src.entries)
             if (const KernelResources* r = k->find(e.name_expression)) usage[e.role] = {r->registers, r->smem_bytes};
         }
@@ -56,6 +60,17 @@ int main(int argc, char** argv) {
                       k.serial_ms, k.efficiency, usage.count(k.role) ? usage[k.role].registers : -1, old);
         }
         std::printf("    total: new %.3f ms, old report roofline %.3f ms\n", p.ms, old_ms);
+        // Side by side: the same kernels run with the compiled split count
+        // (what every plan ran before the split count came from the SM count).
+        if (auto counts = pass_counts(s, c, pass, shape, 0)) {
+          double fixed_ms = 0;
+          for (const KernelCounts& k : *counts) {
+            auto it = usage.find(k.role);
+            fixed_ms += predict_kernel(k, *g, arch, it != usage.end() ? std::optional(it->second) : std::nullopt).ms;
+          }
+          std::printf("    splits: %d of %d (best_splits); at the compiled %d: %.3f ms\n", p.splits,
+                      c.state_splits(), c.state_splits(), fixed_ms);
+        }
         }
       }
   }

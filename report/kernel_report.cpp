@@ -261,7 +261,15 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
           if (!src) return src.error();
           const auto& compiled = opt.compile ? resources.get(*src, arch)
                                              : Result<CompiledKernel>(Error::unavailable("compilation off"));
-          auto plan = plan_launches(spec, choice.config, pass, shape);
+          // At the split count the cost model picks for the product (what
+          // CudaBackend::plan_splits runs on it), with ptxas registers.
+          std::map<std::string, KernelUsage> usage;
+          if (compiled)
+            for (const KernelEntry& e : src->entries)
+              if (const KernelResources* r = compiled->find(e.name_expression))
+                usage[e.role] = {r->registers, r->smem_bytes};
+          const int splits = product ? best_splits(spec, choice.config, pass, shape, *product, arch, usage) : 0;
+          auto plan = plan_launches(spec, choice.config, pass, shape, splits);
           std::map<std::string, KernelTiming> timings;
           json timing_note = nullptr;
           if (measure_here) {
@@ -326,7 +334,9 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
               k["occupancy"] = nullptr;
             }
 
-            auto cost = kernel_counts(spec, choice.config, pass, entry.role, shape);
+            // Counted with the split count the plan runs it with.
+            auto cost = kernel_counts(
+                spec, plan ? choice.config.with_state_splits(plan->splits) : choice.config, pass, entry.role, shape);
             std::optional<KernelPrediction> predicted;
             if (cost) {
               if (launch) {

@@ -66,10 +66,10 @@ Result<std::map<std::string, KernelTiming>> measure_pass(CudaBackend& gpu, const
                                                          const ProblemShape& shape, int repeats) {
   auto src = generate(spec, config, pass);
   if (!src) return src.error();
-  auto plan = plan_launches(spec, config, pass, shape);
-  if (!plan) return plan.error();
   auto module = gpu.load(*src);
   if (!module) return module.error();
+  auto plan = plan_launches(spec, config, pass, shape, gpu.plan_splits(**module, shape));
+  if (!plan) return plan.error();
 
   const int64_t tokens = int64_t(shape.batch) * shape.seq * shape.heads;
   std::vector<float> params = init_params(spec, shape.heads);
@@ -123,6 +123,7 @@ Result<std::map<std::string, KernelTiming>> measure_pass(CudaBackend& gpu, const
     ba.params = static_cast<const float*>(p->as_pointer());
     ba.dparams = static_cast<float*>(dp->as_pointer());
     ba.workspace = static_cast<float*>(ws->as_pointer());
+    ba.splits = plan->splits;
     args[0] = &ba;
   } else if (pass == Pass::feature_map) {
     ma.problem = {shape.batch, shape.heads, shape.seq};
@@ -141,6 +142,7 @@ Result<std::map<std::string, KernelTiming>> measure_pass(CudaBackend& gpu, const
     fa.o = MutableTensorRef{o->as_pointer(), out.stride_batch, out.stride_seq, out.stride_head};
     fa.params = static_cast<const float*>(p->as_pointer());
     fa.workspace = static_cast<float*>(ws->as_pointer());
+    fa.splits = plan->splits;
     args[0] = &fa;
   }
 

@@ -66,7 +66,7 @@ Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, c
   if (has_state(state))
     if (auto st = check_decode_support(spec()); !st)
       return Error::invalid(fmt::format("{}: carried state: {}", source().name, st.error().message));
-  auto plan = plan_launches(spec(), config(), Pass::forward, shape);
+  auto plan = plan_launches(spec(), config(), Pass::forward, shape, backend_->plan_splits(*module_, shape));
   if (!plan) return plan.error();
   auto ws = workspace(plan->workspace_floats);
   if (!ws) return ws.error();
@@ -83,6 +83,7 @@ Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, c
   args.final_S = reinterpret_cast<float*>(state.final_S);
   args.final_z = reinterpret_cast<float*>(state.final_z);
   args.cu_seqlens = reinterpret_cast<const int*>(cu_seqlens);
+  args.splits = plan->splits;
   return launch_plan(*plan, &args);
 }
 
@@ -121,7 +122,7 @@ Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, 
   if (has_state(state))
     if (auto st = check_decode_support(spec()); !st)
       return Error::invalid(fmt::format("{}: carried state: {}", source().name, st.error().message));
-  auto plan = plan_launches(spec(), config(), Pass::backward, shape);
+  auto plan = plan_launches(spec(), config(), Pass::backward, shape, backend_->plan_splits(*module_, shape));
   if (!plan) return plan.error();
   auto ws = workspace(plan->workspace_floats);
   if (!ws) return ws.error();
@@ -145,6 +146,7 @@ Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, 
   args.dinitial_S = reinterpret_cast<float*>(state.dinitial_S);
   args.dinitial_z = reinterpret_cast<float*>(state.dinitial_z);
   args.cu_seqlens = reinterpret_cast<const int*>(cu_seqlens);
+  args.splits = plan->splits;
   return launch_plan(*plan, &args);
 }
 

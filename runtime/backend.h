@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "codegen/kernel_source.h"
+#include "codegen/launch_plan.h"
 #include "common/result.h"
 
 namespace lunajit {
@@ -84,6 +85,15 @@ class Backend {
   virtual Status launch(const LoadedModule& module, std::string_view name_expression,
                         const LaunchConfig& config, void** args) = 0;
   virtual Status synchronize() = 0;
+
+  // The runtime split count (plan_launches) for running `module`'s pass at
+  // `shape` on this backend; 0: the config's compiled state_splits. CUDA:
+  // the cost model's best_splits for this GPU (codegen/cost_model.h).
+  virtual int plan_splits(const LoadedModule& module, const ProblemShape& shape) const {
+    (void)module;
+    (void)shape;
+    return 0;
+  }
 
  protected:
   friend class Buffer;

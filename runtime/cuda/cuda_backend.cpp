@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "codegen/cost_model.h"
+#include "codegen/gpu_specs.h"
 #include "runtime/cuda/cuda_driver.h"
 
 namespace lunajit {
@@ -107,6 +109,20 @@ CudaBackend::CudaBackend(cuda::CudaDriver* driver, std::shared_ptr<CudaContext> 
       options_(std::move(options)) {}
 
 CudaBackend::~CudaBackend() = default;
+
+int CudaBackend::plan_splits(const LoadedModule& module, const ProblemShape& shape) const {
+  const KernelSource& src = module.source();
+  GpuSpec gpu;
+  if (const GpuSpec* row = find_gpu(device_.name)) gpu = *row;
+  else if (const GpuSpec* rep = representative_gpu(arch_.sm)) gpu = *rep;
+  else return 0;
+  if (device_.sm_count > 0) gpu.sm_count = device_.sm_count;  // a cut-down part of the row's product
+  std::map<std::string, KernelUsage> usage;
+  if (const CompiledKernel* k = compiled(module))
+    for (const KernelEntry& e : src.entries)
+      if (const KernelResources* r = k->find(e.name_expression)) usage[e.role] = {r->registers, r->smem_bytes};
+  return best_splits(src.spec, src.config, src.pass, shape, gpu, arch_, usage);
+}
 
 std::string CudaBackend::description() const {
   return fmt::format("{} (sm_{}, {} SMs, {:.1f} GiB, driver {})", device_.name, device_.sm(), device_.sm_count,

@@ -46,6 +46,10 @@ class CudaBackend final : public Backend {
   Status launch(const LoadedModule& module, std::string_view name_expression, const LaunchConfig& config,
                 void** args) override;
   Status synchronize() override;
+  // best_splits on this GPU's table row (find_gpu by device name; else the
+  // arch's representative product with this device's SM count), with the
+  // module's ptxas registers; 0 (the compiled count) for an unknown arch.
+  int plan_splits(const LoadedModule& module, const ProblemShape& shape) const override;
 
   // GPU time of `work` (launches on this backend), from events recorded
   // before and after it, in milliseconds; waits for the work to finish.

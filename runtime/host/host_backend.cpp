@@ -84,6 +84,18 @@ void HostBackend::set_sanitize(const host::SanitizeOptions& options) {
 }
 HostBackend::~HostBackend() = default;
 
+std::optional<Dim3> HostBackend::last_grid(std::string_view name_expression) const {
+  std::lock_guard lock(results_mu_);
+  auto it = grids_.find(std::string(name_expression));
+  if (it == grids_.end()) return std::nullopt;
+  return it->second;
+}
+
+int HostBackend::plan_splits(const LoadedModule& module, const ProblemShape& shape) const {
+  (void)shape;
+  return splits_ > 0 ? std::min(splits_, module.source().config.state_splits()) : 0;
+}
+
 std::string HostBackend::description() const {
   return fmt::format("host ({} threads)", host::host_thread_count());
 }
@@ -155,6 +167,10 @@ Status HostBackend::launch(const LoadedModule& module, std::string_view name_exp
   Result<host::KernelEntryFn> entry_fn = host_module->entry(*index, options.any(), *cache_);
   if (!entry_fn) return entry_fn.error();
   const host::KernelEntryFn entry = *entry_fn;
+  {
+    std::lock_guard lock(results_mu_);
+    grids_[std::string(resolved)] = config.grid;
+  }
   if (!options.any()) return host::run_grid(host::GridLaunch{entry, args, config, resolved});
 
   std::vector<host::MemoryRange> buffers;

@@ -46,6 +46,14 @@ class HostBackend final : public Backend {
   Status launch(const LoadedModule& module, std::string_view name_expression, const LaunchConfig& config,
                 void** args) override;
   Status synchronize() override { return ok_status(); }
+  // The runtime split count of every plan (Backend::plan_splits), capped at
+  // each config's state_splits; 0 (the default): the compiled count. Tests
+  // set it to run the counts a GPU would pick.
+  int plan_splits(const LoadedModule& module, const ProblemShape& shape) const override;
+  void set_splits(int splits) { splits_ = splits; }
+  // The grid of the last launch of a kernel (its name expression), for tests
+  // that check what a plan launched; nullopt if never launched.
+  std::optional<Dim3> last_grid(std::string_view name_expression) const;
 
   BinaryCache& cache() const { return *cache_; }
 
@@ -68,12 +76,14 @@ class HostBackend final : public Backend {
 
  private:
   BinaryCache* cache_;
+  int splits_ = 0;
   host::SanitizeOptions sanitize_;
   std::optional<Error> sanitize_error_;  // LUNAJIT_HOST_SANITIZE did not parse
   std::vector<host::SanitizerFinding> last_findings_;
   std::vector<host::BankSite> last_banks_;
   std::uint64_t sanitized_launches_ = 0;
-  std::mutex results_mu_;  // the three above, written by sanitized launches
+  std::map<std::string, Dim3> grids_;  // last_grid
+  mutable std::mutex results_mu_;  // the four above (the last_* results written by sanitized launches)
   // Live allocations, for the bounds check: begin -> (bytes, number).
   std::mutex buffers_mu_;
   std::map<std::uintptr_t, std::pair<std::size_t, unsigned>> buffers_;
