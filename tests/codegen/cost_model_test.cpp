@@ -4,8 +4,10 @@
 // 494.7, 1980 MHz), and the new counts (wavefronts, SFU ops, serial steps) of
 // the default LUNA spec by hand. The byte and FLOP counts themselves are
 // checked by hand in tests/report/report_test.cpp (CostModel.*).
+#include <algorithm>
 #include <tuple>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -311,7 +313,7 @@ TEST(CostModelPredict, PassSumsItsKernelsAndUsesTheLaunchPlan) {
   auto p = predict_pass(s, c, Pass::forward, shape, h100(), sm90()).value_or_throw();
   ASSERT_EQ(p.kernels.size(), 3u);  // state, state_reduce, output
   EXPECT_NEAR(p.ms, p.kernels[0].ms + p.kernels[1].ms + p.kernels[2].ms, 1e-12);
-  auto plan = plan_launches(s, c, Pass::forward, shape).value_or_throw();
+  auto plan = plan_launches(s, c, Pass::forward, shape, p.splits).value_or_throw();  // the predicted plan
   const auto& g = plan.launches[0].grid;
   EXPECT_EQ(p.counts[0].blocks, double(g[0]) * g[1] * g[2]);
   EXPECT_EQ(p.counts[0].threads, int(plan.launches[0].threads));
@@ -432,6 +434,72 @@ TEST(CostModelPlan, NonCausalSplitsAreReducedOnce) {
   causal.causal = true;
   EXPECT_FALSE(state_reduced(causal, TileConfig(64, 4, 64, 64, 4).with_mma(true), Pass::backward));
   EXPECT_FALSE(state_reduced(s, TileConfig(64, 4, 64, 64, 4), Pass::feature_map));
+}
+
+TEST(CostModelPlan, RuntimeSplitsComeFromThePrediction) {
+  // plan_launches runs a given count 1 .. state_splits (0: the compiled one);
+  // best_splits picks the count of the least predicted time (docs/
+  // ARCHITECTURE.md "Runtime split count"), and predict_pass predicts at it.
+  const AttentionSpec s = default_spec(Family::luna);
+  const TileConfig c(64, 4, 64, 64, 4);
+  const ProblemShape big{8, 12, 16384};
+  auto at = [&](const ProblemShape& shape, int splits) {
+    return plan_launches(s, c, Pass::forward, shape, splits).value_or_throw();
+  };
+  EXPECT_EQ(at(big, 0).splits, 4);
+  EXPECT_EQ(at(big, 3).splits, 3);
+  EXPECT_EQ(at(big, 3).launches[0].grid, (std::array<unsigned, 3>{96, 3, 1}));
+  for (int bad : {-1, 5}) {
+    auto p = plan_launches(s, c, Pass::forward, big, bad);
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.error().message.find(fmt::format("splits = {}", bad)), std::string::npos) << p.error().message;
+    EXPECT_NE(p.error().message.find("1 .. 4"), std::string::npos) << p.error().message;
+  }
+  const LaunchPlan one = at(big, 1);
+  ASSERT_EQ(one.launches.size(), 2u);  // state, output: a one-partial reduce is skipped
+  EXPECT_EQ(one.launches[1].role, "output");
+  EXPECT_EQ(one.workspace_floats, at(big, 0).workspace_floats - 96LL * 3 * (64 * 64 + 64));
+  // A pass whose kernels do not read it keeps the compiled count.
+  AttentionSpec causal = s;
+  causal.causal = true;
+  EXPECT_FALSE(reads_runtime_splits(causal, c, Pass::forward));  // the scalar walk
+  EXPECT_EQ(plan_launches(causal, c, Pass::forward, big, 2).value_or_throw().splits, 4);
+  EXPECT_EQ(best_splits(causal, c, Pass::forward, big, h100(), sm90()), 4);
+  // Causal super-chunks at one range: one walk, no state pass.
+  causal.dtype = DType::bf16;
+  const TileConfig cc = TileConfig(64, 4, 64, 64, 4).with_mma(true);
+  const LaunchPlan walk = plan_launches(causal, cc, Pass::forward, big, 1).value_or_throw();
+  ASSERT_EQ(walk.launches.size(), 1u);
+  EXPECT_EQ(walk.launches[0].role, "causal_chunk");
+  EXPECT_EQ(walk.launches[0].grid, (std::array<unsigned, 3>{96, 1, 1}));
+
+  // best_splits is the argmin of the predictions over 1 .. R, and predict_pass
+  // predicts there, counting each kernel at that count.
+  for (const ProblemShape& shape : {big, ProblemShape{1, 2, 16384}, ProblemShape{64, 32, 4096}}) {
+    SCOPED_TRACE(fmt::format("B{} H{} N{}", shape.batch, shape.heads, shape.seq));
+    const int best = best_splits(s, c, Pass::forward, shape, h100(), sm90());
+    auto p = predict_pass(s, c, Pass::forward, shape, h100(), sm90()).value_or_throw();
+    EXPECT_EQ(p.splits, best);
+    for (int k = 1; k <= 4; ++k) {
+      double ms = 0;
+      for (const KernelCounts& counts : pass_counts(s, c, Pass::forward, shape, k).value_or_throw())
+        ms += predict_kernel(counts, h100(), sm90()).ms;
+      if (k == best) {
+        EXPECT_NEAR(ms, p.ms, 1e-12);
+      } else {
+        EXPECT_GE(ms, p.ms) << k;
+      }
+      if (k < best) {
+        EXPECT_GT(ms, p.ms) << k;  // ties go to the fewest, so fewer ranges are strictly slower
+      }
+    }
+    EXPECT_DOUBLE_EQ(p.counts[0].bytes,
+                     kernel_counts(s, c.with_state_splits(best), Pass::forward, "state", shape).value_or_throw().bytes);
+  }
+  // Two heads leave an H100 nearly idle at one split: every range is taken;
+  // 2048 heads fill it many times over, and one range saves the reduce.
+  EXPECT_EQ(best_splits(s, c, Pass::forward, ProblemShape{1, 2, 16384}, h100(), sm90()), 4);
+  EXPECT_EQ(best_splits(s, c, Pass::forward, ProblemShape{64, 32, 4096}, h100(), sm90()), 1);
 }
 
 TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
