@@ -265,7 +265,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         const int64_t D = spec.feature_dim();
         if (splits > 1) add("state", {static_cast<unsigned>(bh), usplits, dv_blocks});
         add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, usplits});
-        plan.workspace_floats = state_offset(bh) + bh * splits * (D * spec.value_dim + D);
+        plan.workspace_floats = state_offset(bh) + bh * c.state_splits() * (D * spec.value_dim + D);
       } else if (spec.causal) {
         add("causal_chunk", {static_cast<unsigned>(bh), dv_blocks, 1});
         plan.workspace_floats = state_offset(bh);
@@ -274,7 +274,7 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("state", {static_cast<unsigned>(bh), usplits, dv_blocks});
         if (reduce) add("state_reduce", {static_cast<unsigned>(bh), reduce_blocks(D), 1});
         add("output", {ceil_div(shape.seq, c.block_tokens()), static_cast<unsigned>(bh), dv_blocks});
-        plan.workspace_floats = state_offset(bh) + bh * splits * (D * spec.value_dim + D);
+        plan.workspace_floats = state_offset(bh) + bh * c.state_splits() * (D * spec.value_dim + D);
       }
       break;
     case Pass::backward: {
@@ -315,7 +315,9 @@ Result<LaunchPlan> plan_launches(const AttentionSpec& spec, const TileConfig& c,
         add("param_sum", {ceil_div(p.param_floats, 32), blocks, 1});
       }
       plan.workspace_floats =
-          backward_workspace(static_cast<int>(bh), shape.seq, splits, p.D, p.dv, spec.causal, p.tokens,
+          // Sized for the compiled maximum (BackwardTraits::workspace): a launch of
+          // `splits` ranges uses the first ones of each region.
+          backward_workspace(static_cast<int>(bh), shape.seq, c.state_splits(), p.D, p.dv, spec.causal, p.tokens,
                              p.param_floats, p.running_max, causal_backward_tiles(spec, c, pass),
                              backward_state_staged(spec, c, pass))
               .total;

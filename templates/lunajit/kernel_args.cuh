@@ -73,9 +73,13 @@ struct ForwardArgs {
   // the grid and the workspace).
   const int* cu_seqlens;
   // Ranges the sequence of each (batch, head) is split into by the state pass
-  // and the causal super-chunk walk: the launch plan's choice from the GPU's SM
-  // count, 1 .. K::state_splits (the compiled maximum); 0 = K::state_splits.
-  // It also sets the workspace layout ([batch*heads][splits][...]).
+  // and the causal super-chunk walk: the launch plan's choice for the GPU and
+  // shape (best_splits), 1 .. K::state_splits (the compiled maximum); 0 =
+  // K::state_splits. The workspace keeps its compiled layout
+  // ([batch*heads][K::state_splits][...]: partial p of head bh at bh R + p,
+  // so addresses stay compile-time multiples); a launch fills the first
+  // `splits` partials of each head (and, causal backward, `splits` parameter
+  // slots per head and side, dense).
   int splits;
 };
 

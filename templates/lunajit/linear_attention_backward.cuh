@@ -46,11 +46,15 @@ struct BackwardTraits {
     return BackwardDims{K::d, K::D, K::dv, FM::kScratchPerRow, FB::kScratchPerRow, kTokens, K::threads,
                         kParamFloats, kRunningMax ? 1 : 0};
   }
-  // The layout of a launch's workspace: its splits (split_count) set the
-  // partials' and the causal walks' slot counts.
+  // The layout of a launch's workspace. Its regions are sized for the
+  // compiled maximum K::state_splits, whatever the launch's count: a launch
+  // of s splits uses the first s partials (dense: (bh * s + split)) and
+  // slots of each region. With the runtime count in the offsets, the walks
+  // of the causal backward, at 128 registers on sm_90, needed a 40-byte
+  // stack frame; with the compiled one they fold as before.
   static LUNAJIT_DEVICE BackwardWorkspace workspace(const BackwardArgs& a) {
     const Problem& p = a.problem;
-    return backward_workspace(p.batch * p.heads, p.seq, split_count<K>(a), K::D, K::dv, K::causal, kTokens,
+    return backward_workspace(p.batch * p.heads, p.seq, K::state_splits, K::D, K::dv, K::causal, kTokens,
                               kParamFloats, kRunningMax, kCausalTiles, kStaged);
   }
 };
@@ -233,10 +237,10 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
   const BackwardArgs a = sequence_args<K>(args, sp);
   const int seq = sp.len;
   const int splits = split_count<K>(a);
-  const TokenRange range = split_range(seq, split, splits, T);
+  const TokenRange range = split_range<K::state_splits>(seq, split, splits, T);
   constexpr long long kPart = (long long)D * DV + D;
   float* z = smem + L.z;
-  load_state_z<K>(a.workspace + w.state + (long long)bh * splits * kPart, z);
+  load_state_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   float acc[kEntries];
   float zacc[kZEntries];
@@ -270,7 +274,7 @@ __global__ void __launch_bounds__(K::threads) dstate_kernel(const BackwardArgs a
     }
     __syncthreads();
   }
-  float* part = a.workspace + w.dstate + ((long long)bh * splits + split) * kPart;
+  float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
 #pragma unroll
   for (int i = 0; i < kEntries; ++i) {
     const int e = threadIdx.x + i * NT;
@@ -306,7 +310,7 @@ __global__ void __launch_bounds__(K::threads) dq_kernel(const BackwardArgs args)
   const float* g = smem + L.dout;
   const float* r = smem + L.r;
   float* dparams = smem + L.dparams;
-  load_state<K>(a.workspace + w.state + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), S, z);
+  load_state<K>(a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), S, z);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   query_tile_gradients<K>(a, b, h, t0, valid, L, smem, z, nullptr, ctx);
@@ -350,7 +354,7 @@ __global__ void __launch_bounds__(K::threads) dkv_kernel(const BackwardArgs args
   float* dphi = smem + L.dphi;
   float* v = smem + L.v;
   float* dparams = smem + L.dparams;
-  load_state<K>(a.workspace + w.dstate + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), dS, dz);
+  load_state<K>(a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dS, dz);
   for (int p = threadIdx.x; p < Tr::kParamFloats; p += NT) dparams[p] = 0.0f;
   load_rows<typename K::T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<typename K::T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, v);
@@ -849,7 +853,7 @@ LUNAJIT_DEVICE void causal_state_scan(const float* seed_S, const float* seed_z, 
   const float* seed = in_S ? seed_S : seed_z;
   const long long at = in_S ? (long long)bh * K::D * K::dv + e : (long long)bh * K::D + (e - K::D * K::dv);
   float run = seed != nullptr ? seed[at] : 0.0f;
-  float* col = parts + (long long)bh * ranges * kPart + e;
+  float* col = parts + (long long)bh * K::state_splits * kPart + e;  // the first `ranges` of R partials
   // kBatch loads in flight before their stores: the walk waits on memory
   // ceil(ranges / kBatch) times, not ranges times (the sums stay in order).
   constexpr int kBatch = 8;

@@ -298,10 +298,10 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
   const BackwardArgs a = sequence_args<K>(args, sp);
   const int seq = sp.len;
   const int splits = split_count<K>(a);
-  const TokenRange range = split_range(seq, split, splits, Tk);
+  const TokenRange range = split_range<K::state_splits>(seq, split, splits, Tk);
   constexpr long long kPart = (long long)D * DV + D;
   float* z = smem + L.z;
-  load_state_z<K>(a.workspace + w.state + (long long)bh * splits * kPart, z);
+  load_state_z<K>(a.workspace + w.state + (long long)bh * K::state_splits * kPart, z);
   const float* params = KernelTraits<K>::head_params(a.params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(K::threads) mma_dstate_kernel(const BackwardAr
         acc, zacc, phi_hi, phi_lo, g_hi, g_lo, r_hi, r_lo, wm, wn, with_z, lane);
     __syncthreads();
   }
-  float* part = a.workspace + w.dstate + ((long long)bh * splits + split) * kPart;
+  float* part = a.workspace + w.dstate + ((long long)bh * K::state_splits + split) * kPart;
   mma_detail::write_state_partial<W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp>(acc, zacc, part, D, DV, 0, wm,
                                                                                    wn, with_z, lane);
 }
@@ -361,7 +361,7 @@ LUNAJIT_DEVICE void mma_reduce_and_stage(const BackwardArgs& args) {
   const BackwardWorkspace w = BackwardTraits<K>::workspace(args);
   const int bh = blockIdx.x, bh_count = args.problem.batch * args.problem.heads;
   const int splits = split_count<K>(args);
-  float* const part = args.workspace + (kGradient ? w.dstate : w.state) + (long long)bh * splits * kPart;
+  float* const part = args.workspace + (kGradient ? w.dstate : w.state) + (long long)bh * R * kPart;
   float* const staged =
       args.workspace + w.staged + (long long)((kGradient ? bh_count : 0) + bh) * backward_staged_floats(D, DV);
   float* const red = reinterpret_cast<float*>(dynamic_smem());
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(K::threads,
   // S as the reduce kernel staged it (2^-a S as bf16 hi + lo), z from partial 0.
   const float unscale = mma_detail::load_staged_state<NT, D, DV, PV>(
       a.workspace + w.staged + (long long)bh * backward_staged_floats(D, DV),
-      a.workspace + w.state + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), z,
+      a.workspace + w.state + (long long)bh * K::state_splits * ((long long)D * DV + D), z,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo));
   const FeatureContext ctx{KernelTraits<K>::head_params(a.params, h), t0, seq, 1, 0.0f};
   // phi(q)'s x copy in the dphi tile, free until the products' epilogue.
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(K::threads,
   // dS as the reduce kernel staged it, dz from partial 0.
   const float unscale = mma_detail::load_staged_state<NT, D, DV, PV>(
       a.workspace + w.staged + (long long)(bh_count + bh) * backward_staged_floats(D, DV),
-      a.workspace + w.dstate + (long long)bh * split_count<K>(a) * ((long long)D * DV + D), dz,
+      a.workspace + w.dstate + (long long)bh * K::state_splits * ((long long)D * DV + D), dz,
       reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo));
   load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
   load_rows<T, NT>(a.v, b, h, t0, valid, valid, DV, 0, DV, smem + L.v);
@@ -652,12 +652,22 @@ struct CausalRangeBlock {
     bt = args.cu_seqlens != nullptr ? 0 : b;
     off = (int)sp.offset;
     ws_seq = args.problem.seq;
+    // State partials at the compiled stride (bh R + split); parameter slots
+    // dense by the launch's count (ParamSlots: side, batch*head, range).
     const int splits = split_count<K>(args);
-    slot = (long long)bh * splits + split;
+    slot = (long long)bh * K::state_splits + split;
     const long long side = kKind == BackwardKind::causal_dkv ? (long long)args.problem.batch * args.problem.heads : 0;
-    param_slot = w.slots + (side * splits + slot) * Tr::kParamFloats;
+    param_slot = w.slots + ((side + bh) * splits + split) * Tr::kParamFloats;
     seq = sp.len;
-    range = split_range(seq, split, splits, C);
+    // The kernel computes the range (a division by the runtime count) and
+    // set_walk leaves it in shared memory for the chunk calls: computed in
+    // every call, ptxas needed a 40-byte stack frame on sm_90 at 128 registers.
+    if (stage) {
+      range = split_range<K::state_splits>(seq, split, splits, C);
+    } else {
+      const int* walk = reinterpret_cast<const int*>(smem + LM.walk);
+      range = TokenRange{walk[2], walk[3]};
+    }
     z = smem + L.z;
     phi_q = smem + L.phi_q;
     phi_k = smem + L.phi_k;
@@ -681,11 +691,15 @@ struct CausalRangeBlock {
   }
 
   // The walk's state for the next chunk call: the chunk starting at token
-  // t0 and the state's unscale (thread 0 writes them; ends with a barrier).
+  // t0, the state's unscale and the range (thread 0 writes them; ends with a
+  // barrier).
   LUNAJIT_DEVICE void set_walk(int t0, float state_unscale) const {
     if (threadIdx.x == 0) {
-      reinterpret_cast<int*>(smem + LM.walk)[0] = t0;
+      int* walk = reinterpret_cast<int*>(smem + LM.walk);
+      walk[0] = t0;
       smem[LM.walk + 1] = state_unscale;
+      walk[2] = range.begin;
+      walk[3] = range.end;
     }
     __syncthreads();
   }

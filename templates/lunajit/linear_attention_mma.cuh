@@ -238,9 +238,9 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const Op* v_lo = reinterpret_cast<const Op*>(smem + L.v_lo);    // (Tk, PV), kSplitV
   const int bh = blockIdx.x, b = bh / problem.heads, h = bh % problem.heads;
   const int split = blockIdx.y, c0 = blockIdx.z * DVB, seq = problem.seq;
-  const TokenRange range = split_range(seq, split, splits, Tk);
+  const TokenRange range = split_range<K::state_splits>(seq, split, splits, Tk);
   const int s0 = range.begin, s1 = range.end;
-  const int parts_per_bh = splits;
+  constexpr int parts_per_bh = K::state_splits;  // the first `splits` are this launch's
   const float* params = Tr::head_params(all_params, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % W.warps_m, wn = warp / W.warps_m;
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   }
   // The state: partial 0, summed over the splits by state_reduce_kernel.
   const float* state = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
-                       (long long)bh * split_count<K>(a) * kPart;
+                       (long long)bh * K::state_splits * kPart;
   float* S = smem + L.state;  // (D, DVB) fp32
   float* z = smem + L.z;      // (D) fp32
   float* red = smem + L.reduce;
@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   if (R > 1 && r > 0) {
     constexpr long long kPart = (long long)D * K::dv + D;
     const float* parts = a.workspace + forward_workspace_state_offset(a.problem.batch * a.problem.heads) +
-                         (long long)bh * nr * kPart;
+                         (long long)bh * R * kPart;
     for (int p = 0; p < r; ++p) {
 #pragma unroll
       for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
