@@ -7,6 +7,7 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "autotune/tuner.h"
 #include "cache/binary_cache.h"
@@ -277,7 +278,22 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
             if (t) timings = std::move(*t);
             else timing_note = "not measured: " + first_line(t.error().message);
           }
+          // Kernels the plan does not launch at this shape (the reduces at
+          // one range, the causal forward's state pass at one range): no row,
+          // one note; the rows are what the pass runs.
+          std::vector<std::string> idle;
+          if (plan)
+            for (const KernelEntry& entry : src->entries)
+              if (std::none_of(plan->launches.begin(), plan->launches.end(),
+                               [&](const KernelLaunch& l) { return l.role == entry.role; }))
+                idle.push_back(entry.role);
+          if (!idle.empty())
+            notes.push_back(fmt::format("{} {}{} at {}x{}x{}: {} ranges of the config's {}; not launched: {}",
+                                        arch.name(), to_string(pass), spec.causal ? " (causal)" : "", shape.batch,
+                                        shape.heads, shape.seq, plan->splits, choice.config.state_splits(),
+                                        fmt::join(idle, ", ")));
           for (const KernelEntry& entry : src->entries) {
+            if (std::find(idle.begin(), idle.end(), entry.role) != idle.end()) continue;
             json k;
             json knotes = json::array();
             k["arch"] = arch.name();
@@ -299,7 +315,7 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
               knotes.push_back("no launch plan: " + plan.error().message);
             }
             k["launch"] = launch ? json{{"grid", launch->grid}, {"threads", launch->threads},
-                                        {"dynamic_smem_bytes", launch->smem_bytes}}
+                                        {"dynamic_smem_bytes", launch->smem_bytes}, {"splits", plan->splits}}
                                  : json(nullptr);
 
             const KernelResources* res = compiled ? compiled->find(entry.name_expression) : nullptr;

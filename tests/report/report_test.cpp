@@ -488,8 +488,13 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
     AttentionSpec spec = default_spec(Family::luna);
     spec.causal = k["causal"].get<bool>();
     const ProblemShape shape{k["shape"]["batch"], k["shape"]["heads"], k["shape"]["seq"]};
-    const auto cost = kernel_counts(spec, config, parse_pass(k["pass"].get<std::string>()).value_or_throw(),
-                                  k["kernel"].get<std::string>(), shape)
+    // At the split count the row's plan runs (the model's pick for the product).
+    const int splits = k["launch"]["splits"].get<int>();
+    EXPECT_GE(splits, 1);
+    EXPECT_LE(splits, config.state_splits());
+    const auto cost = kernel_counts(spec, config.with_state_splits(splits),
+                                    parse_pass(k["pass"].get<std::string>()).value_or_throw(),
+                                    k["kernel"].get<std::string>(), shape)
                           .value_or_throw();
     EXPECT_EQ(k["cost"]["bytes"].get<double>(), cost.bytes);
     EXPECT_EQ(k["cost"]["flops"].get<double>(), cost.flops);
