@@ -303,7 +303,8 @@ Status can_implement(const AttentionSpec& spec, const TileConfig& c, const Arch&
 TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass) {
   // Prefer one block over all of dv (phi computed once per token), then the
   // largest chunk and tile that fit: fewer, larger tiles amortize the feature
-  // map's parameter reads. Splits = 4 keeps 132 SMs busy from batch*heads >= 33.
+  // map's parameter reads. Splits = 4 is the most ranges; each launch runs the
+  // count 1 .. 4 the cost model picks for its GPU and shape (best_splits).
   std::vector<int> dv_blocks;
   for (int dvb : kDvBlockChoices)
     if (dvb < 2 * spec.value_dim || dvb == kDvBlockChoices[0]) dv_blocks.push_back(dvb);
@@ -340,11 +341,10 @@ TileConfig default_config(const AttentionSpec& spec, const Arch& arch, Pass pass
   // tensor cores, each block walking the chunks of one of 16 super-chunk
   // ranges: small chunks (16 tokens: 111,536 bytes of shared memory for the
   // default LUNA spec's causal_dq, 2 blocks per SM on sm_90) and 8 warps
-  // first. 16 ranges: the most the search space has; by the cost model the
-  // best of 2, 4, 8, 16 at B 1, H 4, N 4096 on H100 (0.219 ms; 8 ranges
-  // 0.409: fewer blocks leave SMs idle) and within 1% of the best at B 8,
-  // H 12, N 16384 (4.48 ms; 2 ranges 4.45), for a workspace of 16 fp32
-  // states per (batch, head). Predicted (docs/ARCHITECTURE.md, B 8, H 12,
+  // first. 16 ranges: the most the search space has, and the most a launch
+  // may run; each runs the count the cost model picks for its GPU and shape
+  // (best_splits: 11 on H100 at B 8, H 12, N 16384), for a workspace of up
+  // to 16 fp32 states per (batch, head). Predicted (docs/ARCHITECTURE.md, B 8, H 12,
   // N 16384, H100): the scalar scans' 328 ms -> 4.48 ms (2026-12-05, the
   // walks counted as they issue, their intra-chunk scores on mma).
   if (spec.causal && pass == Pass::backward && spec.dtype != DType::fp32 && spec.family != Family::performer)
