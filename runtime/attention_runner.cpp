@@ -57,6 +57,13 @@ Status AttentionRunner::launch_plan(const LaunchPlan& plan, void* args) {
   return ok_status();
 }
 
+int AttentionRunner::splits_for(const ProblemShape& shape) {
+  const std::array<int, 3> key{shape.batch, shape.heads, shape.seq};
+  if (auto it = splits_.find(key); it != splits_.end()) return it->second;
+  if (splits_.size() >= 256) splits_.clear();  // many shapes (packed batches' longest lengths): bounded
+  return splits_[key] = backend_->plan_splits(*module_, shape);
+}
+
 Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, const TensorRef& k,
                                 const TensorRef& v, const MutableTensorRef& o, DevicePtr params,
                                 const StateRefs& state, DevicePtr cu_seqlens) {
@@ -66,7 +73,7 @@ Status AttentionRunner::forward(const ProblemShape& shape, const TensorRef& q, c
   if (has_state(state))
     if (auto st = check_decode_support(spec()); !st)
       return Error::invalid(fmt::format("{}: carried state: {}", source().name, st.error().message));
-  auto plan = plan_launches(spec(), config(), Pass::forward, shape, backend_->plan_splits(*module_, shape));
+  auto plan = plan_launches(spec(), config(), Pass::forward, shape, splits_for(shape));
   if (!plan) return plan.error();
   auto ws = workspace(plan->workspace_floats);
   if (!ws) return ws.error();
@@ -122,7 +129,7 @@ Status AttentionRunner::backward(const ProblemShape& shape, const TensorRef& q, 
   if (has_state(state))
     if (auto st = check_decode_support(spec()); !st)
       return Error::invalid(fmt::format("{}: carried state: {}", source().name, st.error().message));
-  auto plan = plan_launches(spec(), config(), Pass::backward, shape, backend_->plan_splits(*module_, shape));
+  auto plan = plan_launches(spec(), config(), Pass::backward, shape, splits_for(shape));
   if (!plan) return plan.error();
   auto ws = workspace(plan->workspace_floats);
   if (!ws) return ws.error();

@@ -6,6 +6,8 @@
 // and unit stride in dim (templates/lunajit/kernel_args.cuh).
 #pragma once
 
+#include <array>
+#include <map>
 #include <memory>
 
 #include "codegen/generator.h"
@@ -76,10 +78,16 @@ class AttentionRunner {
       : backend_(&backend), module_(std::move(module)) {}
   Result<float*> workspace(int64_t floats);
   Status launch_plan(const LaunchPlan& plan, void* args);
+  // The backend's split count for `shape` (Backend::plan_splits), remembered
+  // per shape: the CUDA backend's choice predicts the pass at every count
+  // (about 0.1-0.7 ms of host time for the default backward), once per shape
+  // rather than once per call.
+  int splits_for(const ProblemShape& shape);
 
   Backend* backend_;
   std::shared_ptr<LoadedModule> module_;
   Buffer workspace_;
+  std::map<std::array<int, 3>, int> splits_;
 };
 
 }  // namespace lunajit

@@ -48,7 +48,8 @@ class HostBackend final : public Backend {
   Status synchronize() override { return ok_status(); }
   // The runtime split count of every plan (Backend::plan_splits), capped at
   // each config's state_splits; 0 (the default): the compiled count. Tests
-  // set it to run the counts a GPU would pick.
+  // set it to run the counts a GPU would pick (before creating runners: a
+  // runner remembers its count per shape).
   int plan_splits(const LoadedModule& module, const ProblemShape& shape) const override;
   void set_splits(int splits) { splits_ = splits; }
   // The grid of the last launch of a kernel (its name expression), for tests
