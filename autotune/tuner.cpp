@@ -61,13 +61,6 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t)>& body
   for (auto& t : pool) t.join();
 }
 
-std::map<std::string, KernelUsage> usage_by_role(const KernelSource& src, const CompiledKernel& k) {
-  std::map<std::string, KernelUsage> out;
-  for (const auto& e : src.entries)
-    if (const KernelResources* r = k.find(e.name_expression)) out[e.role] = {r->registers, r->smem_bytes};
-  return out;
-}
-
 // Device buffers of one forward or backward at `shape` for timing (contents
 // zero: the kernels' work does not depend on the values; zero inputs give
 // finite outputs, den = eps and g = 0, so no NaN slows a run).

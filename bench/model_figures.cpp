@@ -42,10 +42,7 @@ int main(int argc, char** argv) {
         auto src = generate(s, c, pass).value_or_throw();
         auto k = compile_nvrtc(src, arch);
         if (!k) std::fprintf(stderr, "  (no ptxas registers: %s)\n", k.error().message.c_str());
-        if (k) {
-          for (const auto& e : src.entries)
-            if (const KernelResources* r = k->find(e.name_expression)) usage[e.role] = {r->registers, r->smem_bytes};
-        }
+        if (k) usage = usage_by_role(src, *k);
         auto p = predict_pass(s, c, pass, shape, *g, arch, usage).value_or_throw();
         double old_ms = 0;
         std::printf("  %s %s (%s): new %.3f ms\n", causal ? "causal" : "non-causal",

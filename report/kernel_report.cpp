@@ -264,11 +264,8 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
                                              : Result<CompiledKernel>(Error::unavailable("compilation off"));
           // At the split count the cost model picks for the product (what
           // CudaBackend::plan_splits runs on it), with ptxas registers.
-          std::map<std::string, KernelUsage> usage;
-          if (compiled)
-            for (const KernelEntry& e : src->entries)
-              if (const KernelResources* r = compiled->find(e.name_expression))
-                usage[e.role] = {r->registers, r->smem_bytes};
+          const std::map<std::string, KernelUsage> usage =
+              compiled ? usage_by_role(*src, *compiled) : std::map<std::string, KernelUsage>{};
           const int splits = product ? best_splits(spec, choice.config, pass, shape, *product, arch, usage) : 0;
           auto plan = plan_launches(spec, choice.config, pass, shape, splits);
           std::map<std::string, KernelTiming> timings;

@@ -341,6 +341,13 @@ std::map<std::string, KernelResources> parse_ptxas_resources(std::string_view lo
   return out;
 }
 
+std::map<std::string, KernelUsage> usage_by_role(const KernelSource& src, const CompiledKernel& k) {
+  std::map<std::string, KernelUsage> out;
+  for (const auto& e : src.entries)
+    if (const KernelResources* r = k.find(e.name_expression)) out[e.role] = {r->registers, r->smem_bytes};
+  return out;
+}
+
 Result<CompiledKernel> compile_nvrtc(const KernelSource& src, const Arch& arch, const NvrtcOptions& opts) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds_since_start = [&] {

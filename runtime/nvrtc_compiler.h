@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "codegen/arch.h"
+#include "codegen/cost_model.h"
 #include "codegen/kernel_source.h"
 #include "common/result.h"
 
@@ -71,6 +72,10 @@ struct CompiledKernel {
   // The resources of one kernel, or nullptr.
   const KernelResources* find(std::string_view name_expression) const;
 };
+
+// What ptxas reported for each of `src`'s kernels, by role, as the cost model
+// takes it (predict_pass, best_splits); roles without resources are left out.
+std::map<std::string, KernelUsage> usage_by_role(const KernelSource& src, const CompiledKernel& k);
 
 // Compiles `src` for `arch` (through the cache unless opts.use_cache is false).
 // A rejected source gives Error{compile_failed} whose message holds the NVRTC

@@ -118,9 +118,7 @@ int CudaBackend::plan_splits(const LoadedModule& module, const ProblemShape& sha
   else return 0;
   if (device_.sm_count > 0) gpu.sm_count = device_.sm_count;  // a cut-down part of the row's product
   std::map<std::string, KernelUsage> usage;
-  if (const CompiledKernel* k = compiled(module))
-    for (const KernelEntry& e : src.entries)
-      if (const KernelResources* r = k->find(e.name_expression)) usage[e.role] = {r->registers, r->smem_bytes};
+  if (const CompiledKernel* k = compiled(module)) usage = usage_by_role(src, *k);
   return best_splits(src.spec, src.config, src.pass, shape, gpu, arch_, usage);
 }
 
