@@ -342,6 +342,7 @@ class BlockRunner {
   std::optional<SanitizerFinding> finding_;
   // banks: per (warp, site, occurrence) the lanes' addresses, for block (0,0,0)
   bool count_banks_ = false;
+  std::uint64_t async_copies_ = 0;  // cp.async copies this block issued
   struct BankKey {
     const LunajitEmuSite* site;
     unsigned warp;
@@ -668,6 +669,7 @@ void BlockRunner::cp_async(void* dst, const void* src, unsigned bytes, unsigned 
     yield_forever();
   }
   std::memset(dst, 0xFF, bytes);  // poison: NaN in every float type until the wait
+  ++async_copies_;
   me.open_copies.push_back(
       {static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes, src_bytes, line});
   mark_copies({me.open_copies.back()}, true);
@@ -1053,6 +1055,7 @@ Status BlockRunner::run(const GridLaunch& launch, LunajitEmuDim3 block_idx) {
   shadowing_ = san != nullptr && (san->init || san->race);
   count_banks_ = san != nullptr && san->banks && block_idx.x == 0 && block_idx.y == 0 && block_idx.z == 0;
   finding_.reset();
+  async_copies_ = 0;
   barrier_epoch_ = 1;
   warp_epoch_.assign(warps, 0);
   in_collective_ = false;
@@ -1126,9 +1129,10 @@ Status BlockRunner::run(const GridLaunch& launch, LunajitEmuDim3 block_idx) {
   t_runner = nullptr;
   if (count_banks_ && !failure_) flush_bank_stats();
   bank_groups_.clear();
-  if (finding_ && launch.report != nullptr) {
+  if (launch.report != nullptr) {
     std::lock_guard lock(launch.report->mu);
-    launch.report->findings.push_back(*finding_);
+    if (finding_) launch.report->findings.push_back(*finding_);
+    launch.report->async_copies += async_copies_;
   }
   if (failure_) {
     return Error::failure(fmt::format("kernel '{}': block {}: {}", launch.kernel_name, dim_text(block_idx), *failure_));

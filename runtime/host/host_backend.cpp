@@ -91,6 +91,13 @@ std::optional<Dim3> HostBackend::last_grid(std::string_view name_expression) con
   return it->second;
 }
 
+std::optional<std::uint64_t> HostBackend::last_async_copies(std::string_view name_expression) const {
+  std::lock_guard lock(results_mu_);
+  auto it = async_copies_.find(std::string(name_expression));
+  if (it == async_copies_.end()) return std::nullopt;
+  return it->second;
+}
+
 int HostBackend::plan_splits(const LoadedModule& module, const ProblemShape& shape) const {
   (void)shape;
   return splits_ > 0 ? std::min(splits_, module.source().config.state_splits()) : 0;
@@ -185,6 +192,7 @@ Status HostBackend::launch(const LoadedModule& module, std::string_view name_exp
   ++sanitized_launches_;
   host::count_sanitized_launch(report.findings.size());
   last_findings_ = std::move(report.findings);
+  async_copies_[std::string(resolved)] = report.async_copies;
   if (options.banks) {
     host::record_bank_sites(resolved, report.banks);
     last_banks_ = std::move(report.banks);

@@ -71,6 +71,10 @@ class HostBackend final : public Backend {
   // Launches that ran with at least one check or a non-default schedule. The
   // last_* results are those of the most recent sanitized launch.
   std::uint64_t sanitized_launches() const { return sanitized_launches_; }
+  // The cp.async copies (every block's threads) of the last sanitized launch
+  // of a kernel (its name expression): tests tell a pipelined load path from
+  // the synchronous one by it; nullopt if no sanitized launch of it ran.
+  std::optional<std::uint64_t> last_async_copies(std::string_view name_expression) const;
 
  protected:
   void release(DevicePtr ptr) noexcept override;
@@ -84,7 +88,8 @@ class HostBackend final : public Backend {
   std::vector<host::BankSite> last_banks_;
   std::uint64_t sanitized_launches_ = 0;
   std::map<std::string, Dim3> grids_;  // last_grid
-  mutable std::mutex results_mu_;  // the four above (the last_* results written by sanitized launches)
+  std::map<std::string, std::uint64_t> async_copies_;  // last_async_copies
+  mutable std::mutex results_mu_;  // the five above (the last_* results written by sanitized launches)
   // Live allocations, for the bounds check: begin -> (bytes, number).
   std::mutex buffers_mu_;
   std::map<std::uintptr_t, std::pair<std::size_t, unsigned>> buffers_;

@@ -97,6 +97,7 @@ struct SanitizerReport {
   std::mutex mu;
   std::vector<SanitizerFinding> findings;
   std::vector<BankSite> banks;  // merged per (file, line, column, bytes, write)
+  std::uint64_t async_copies = 0;  // cp.async copies the launch's threads issued (every block)
 };
 
 // Process-wide counts over every HostBackend: sanitized launches and findings
