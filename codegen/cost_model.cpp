@@ -587,6 +587,9 @@ Result<KernelCounts> kernel_counts(const AttentionSpec& s, const TileConfig& c, 
     sp.conflicted = BH * masked;
     sp.sfu = BH * nd * N * 2 * sfu_row + norm * BH * N * dv;
     k.serial_steps = ceil_div(N, C);
+    // mma: the next chunk's Q, K, V rows are copied with cp.async during the
+    // chunk's products (mma_causal_pipelined).
+    if (tensor && mma_causal_pipelined(d)) k.pipeline_stages = 2;
     if (causal_super_chunks(s, c, pass)) {
       // Ranges of ceil(chunks / R) chunks walked side by side; block r first
       // reads the r earlier ranges' partial states.

@@ -27,7 +27,9 @@
 //                     the pipes and DRAM busy in practice; stages = pipeline_stages,
 //                     the tiles whose loads a warp keeps in flight (2 for the
 //                     tensor-core forward state pass's cp.async double buffer,
-//                     mma_state_pipelined; else 1). An assumption that a GPU
+//                     mma_state_pipelined, and for the tensor-core causal
+//                     forward walk's next-chunk prefetch, mma_causal_pipelined;
+//                     else 1). An assumption that a GPU
 //                     run has not calibrated yet.
 //     wave_eff        = blocks / (waves * SMs * blocks per SM) for more than one wave
 //     efficiency      = sm_fill * latency_hiding * wave_eff

@@ -162,7 +162,12 @@ inline constexpr int kMaxStateEntriesPerThread = 128;
 //   causal_chunk (mma_causal_chunk_kernel, chunk tokens): x, phi, scratch as
 //           above, phi_h = phi(q) (chunk, D + 8), phi_k_h (chunk, D + 8),
 //           v_h (chunk, dv_block + 8), s_h (D, dv_block + 8), z_h (D), reduce;
-//           the fp32 master state lives in the warps' registers
+//           the fp32 master state lives in the warps' registers; with the
+//           cp.async prefetch (mma_causal_pipelined) the next chunk's raw
+//           16-bit rows: q_raw (chunk, d) and v_raw (chunk, dv_block) over
+//           phi and scratch where they fit (free while the chunk's products
+//           run), else after them, and k_raw (chunk, d) of its own (it must
+//           outlive phi(q)'s map, which works in x, phi and scratch)
 struct MmaSmemLayout {
   int state, z, x, phi, scratch, phi_h, v_h, s_h, z_h, reduce, total;  // floats
   int phi_k_h = 0;                                                     // causal_chunk only
@@ -171,8 +176,16 @@ struct MmaSmemLayout {
   // state with pipelined (mma_state_pipelined): the cp.async buffers, a
   // second V tile (tokens, dv_block + 8) and the raw 16-bit K tile (tokens, d).
   int v_h2 = 0, k_raw = 0;
+  int q_raw = 0, v_raw = 0;  // causal_chunk with mma_causal_pipelined: the next chunk's raw Q (chunk, d) and V (chunk, dv_block)
   LUNAJIT_HOST_DEVICE constexpr long long bytes() const { return 4LL * total; }
 };
+
+// Whether the tensor-core causal walk (mma_causal_chunk_kernel) prefetches
+// the next chunk's Q, K and V rows with cp.async while the chunk's products
+// run: rows of whole 16-byte chunks (d a multiple of 8; dv_block is a
+// multiple of 16 on every mma config). The kernel also checks at run time
+// that the rows are 16-byte aligned, and loads them synchronously otherwise.
+LUNAJIT_HOST_DEVICE constexpr bool mma_causal_pipelined(int d) { return d % 8 == 0; }
 
 LUNAJIT_HOST_DEVICE constexpr int mma_row_halves(int cols) { return cols + 8; }
 
@@ -193,6 +206,17 @@ LUNAJIT_HOST_DEVICE constexpr MmaSmemLayout mma_smem_layout(KernelKind kind, Lay
     l.s_h = off;     off = align4(off + (p.D * mma_row_halves(p.dv_block) + 1) / 2);
     l.z_h = off;     off = align4(off + (p.D + 1) / 2);
     l.reduce = off;  off = align4(off + 2 * (p.threads / 32));
+    if (mma_causal_pipelined(p.d)) {
+      const int q_raw = align4((p.tokens * p.d + 1) / 2), v_raw = align4((p.tokens * p.dv_block + 1) / 2);
+      if (q_raw + v_raw <= l.phi_h - l.phi) {  // over phi and scratch
+        l.q_raw = l.phi;
+        l.v_raw = l.phi + q_raw;
+      } else {
+        l.q_raw = off; off += q_raw;
+        l.v_raw = off; off += v_raw;
+      }
+      l.k_raw = off; off += align4((p.tokens * p.d + 1) / 2);
+    }
     l.total = off;
     return l;
   }

@@ -505,6 +505,68 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   }
 }
 
+namespace mma_detail {
+// The causal walk's cp.async prefetch (mma_causal_pipelined) runs only where
+// Q's, K's and V's rows of this block are 16-byte aligned (block-uniform).
+template <class K>
+LUNAJIT_DEVICE bool causal_prefetch_aligned(const ForwardArgs& a, int b, int h, int c0) {
+  using T = typename K::T;
+  if constexpr (!mma_causal_pipelined(K::d)) {
+    return false;
+  } else {
+    const T* q = static_cast<const T*>(a.q.data) + b * a.q.stride_batch + h * a.q.stride_head;
+    const T* k = static_cast<const T*>(a.k.data) + b * a.k.stride_batch + h * a.k.stride_head;
+    const T* v = static_cast<const T*>(a.v.data) + b * a.v.stride_batch + h * a.v.stride_head + c0;
+    return reinterpret_cast<unsigned long long>(q) % 16 == 0 && a.q.stride_seq % 8 == 0 &&
+           reinterpret_cast<unsigned long long>(k) % 16 == 0 && a.k.stride_seq % 8 == 0 &&
+           reinterpret_cast<unsigned long long>(v) % 16 == 0 && a.v.stride_seq % 8 == 0;
+  }
+}
+
+// Issues the cp.async copies of the chunk at token t of this block's
+// sequence into the raw tiles q_raw, k_raw (chunk, d) and v_raw (chunk,
+// dv_block) (rows past the sequence end and columns past dv zero-filled) and
+// commits them as one group. Not inlined, and reading the kernel's
+// parameters (and blockIdx) itself: inlined into the walk, which runs at 255
+// registers, its pointers lived across the whole walk and ptxas spilled 28
+// bytes on sm_90.
+template <class K>
+__device__ __noinline__ void causal_prefetch(const ForwardArgs& args, int t) {
+  using T = typename K::T;
+  constexpr int C = K::chunk, DVB = K::dv_block, NT = K::threads;
+  constexpr MmaSmemLayout L = mma_smem_layout(KernelKind::causal_chunk, KernelTraits<K>::dims(C));
+  float* const smem = reinterpret_cast<float*>(dynamic_smem());
+  const int bh = blockIdx.x, b = bh / args.problem.heads, h = bh % args.problem.heads, c0 = blockIdx.y * DVB;
+  const SeqSpan sp = sequence_span(args.cu_seqlens, b, args.problem.seq);
+  const int bt = args.cu_seqlens != nullptr ? 0 : b;  // packed: (0, offset + t)
+  const long long t_abs = sp.offset + t;
+  const int n = min(C, sp.len - t);
+  const T* const qbase = static_cast<const T*>(args.q.data) + bt * args.q.stride_batch + h * args.q.stride_head +
+                         t_abs * args.q.stride_seq;
+  const T* const kbase = static_cast<const T*>(args.k.data) + bt * args.k.stride_batch + h * args.k.stride_head +
+                         t_abs * args.k.stride_seq;
+  const T* const vbase = static_cast<const T*>(args.v.data) + bt * args.v.stride_batch + h * args.v.stride_head +
+                         t_abs * args.v.stride_seq + c0;
+  T* const q_raw = reinterpret_cast<T*>(smem + L.q_raw);
+  T* const k_raw = reinterpret_cast<T*>(smem + L.k_raw);
+  T* const v_raw = reinterpret_cast<T*>(smem + L.v_raw);
+  constexpr int KC = K::d / 8, VC = DVB / 8;  // 16-byte chunks a row
+  for (int e = threadIdx.x; e < C * KC; e += NT) {
+    const int r = e / KC, c = 8 * (e - r * KC);
+    const bool in = r < n;
+    const long long row = in ? r : 0;
+    mma::cp_async_cg_zfill(q_raw + r * K::d + c, qbase + row * args.q.stride_seq + c, in ? 16 : 0);
+    mma::cp_async_cg_zfill(k_raw + r * K::d + c, kbase + row * args.k.stride_seq + c, in ? 16 : 0);
+  }
+  for (int e = threadIdx.x; e < C * VC; e += NT) {
+    const int r = e / VC, c = 8 * (e - r * VC);
+    const int bytes = r < n ? 2 * max(0, min(8, K::dv - (c0 + c))) : 0;
+    mma::cp_async_cg_zfill(v_raw + r * DVB + c, bytes > 0 ? vbase + (long long)r * args.v.stride_seq + c : vbase, bytes);
+  }
+  mma::cp_async_commit();
+}
+}  // namespace mma_detail
+
 // Causal forward on tensor cores (docs/MATH.md "Tensor-core causal forward"),
 // grid (batch*heads, dv blocks, ranges: 1 unless split, below) as
 // causal_chunk_kernel: one block walks its chunks in order. Per chunk of C tokens:
@@ -527,6 +589,12 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 //      and o_i = acc / (dacc + eps r_i). n-tiles and k16 steps past the
 //      diagonal are skipped (masked to zero anyway).
 //   4. S += Phi_k^T V, z += Phi_k^T 1 on mma into the master registers.
+// With mma_causal_pipelined (d a multiple of 8, rows 16-byte aligned at run
+// time) the chunk's raw Q, K, V rows were copied with cp.async during the
+// chunk before's steps 3 and 4 (the first chunk's before the walk), and
+// step 1 converts them from shared memory: one load round trip a chunk is
+// hidden behind the products instead of two exposed (the cost model's
+// pipeline_stages = 2).
 // With the super-chunk split (R = K::state_splits > 1 compiled; grid z = nr =
 // ForwardArgs::splits <= R ranges of ceil(chunks / nr) chunks) block r walks only range r, its master state seeded
 // with the carried state plus the fp32 states of ranges 0 .. r-1 (mma_state_kernel
@@ -537,7 +605,7 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
 // state (initial_S/z seed the master registers, final_S/z receive them) and
 // packed sequences (cu_seqlens) as causal_chunk_kernel (docs/MATH.md §1a, §3).
 template <class K>
-__global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const ForwardArgs args) {
+__global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const __grid_constant__ ForwardArgs args) {
   using Tr = KernelTraits<K>;
   using T = typename K::T;
   static_assert(!K::performer, "the causal performer has no tensor-core kernel (can_implement)");
@@ -584,6 +652,14 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   const unsigned ones = mma_detail::pack2<T>(1.0f, 1.0f);
   const T* vbase = static_cast<const T*>(a.v.data) + b * a.v.stride_batch + h * a.v.stride_head;
   T* out = static_cast<T*>(a.o.data) + b * a.o.stride_batch + h * a.o.stride_head;
+  // The cp.async prefetch (mma_causal_pipelined): chunk c + 1's raw Q, K and
+  // V rows are copied while chunk c's products (steps 3 and 4) run. It needs
+  // every row's 16-byte chunks aligned; a strided view that breaks that takes
+  // the synchronous loads (block-uniform).
+  const bool pipe = mma_detail::causal_prefetch_aligned<K>(a, b, h, c0);
+  const T* const q_raw = reinterpret_cast<const T*>(smem + L.q_raw);
+  const T* const k_raw = reinterpret_cast<const T*>(smem + L.k_raw);
+  const unsigned* const v_raw = reinterpret_cast<const unsigned*>(smem + L.v_raw);
 
   // The master state, seeded with the carried state [batch*heads, D, dv] /
   // [batch*heads, D] when given (zero otherwise); C fragment positions: row
@@ -642,11 +718,26 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
   // The feature map's parameters are loaded per phi tile here (L1-resident
   // after the first chunk): kept across the chunk walk next to the master
   // state they would spill on sm_80.
+  if (pipe && t_begin < t_end) mma_detail::causal_prefetch<K>(args, t_begin);
   for (int t0 = 0; t0 < t_end; t0 += C) {
     if (t0 < t_begin) continue;  // (from 0, not t_begin: ptxas then keeps the walk spill-free)
     const int valid = min(C, seq - t0);
     // 1a. phi(q) -> phi_h; this thread's largest |S|, |z| (the master state of the chunks before).
-    load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    if (pipe) {
+      // The chunk's copies have landed (issued one chunk ahead); Q to the
+      // fp32 x tile, V (zero-filled rows and columns) to v_h, which the
+      // previous chunk last read before its closing barrier. The barrier
+      // below (the warps' maxima) frees q_raw and v_raw for phi(q)'s map.
+      mma::cp_async_wait<0>();
+      __syncthreads();
+      for (int e = threadIdx.x; e < valid * K::d; e += NT) smem[L.x + e] = to_float(q_raw[e]);
+      for (int e = threadIdx.x; e < C * (DVB / 2); e += NT) {
+        const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
+        v_words[(r * PV + c) / 2] = v_raw[(r * DVB + c) / 2];
+      }
+    } else {
+      load_rows<T, NT>(a.q, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+    }
     float smax = 0.0f, zmax = 0.0f;
 #pragma unroll
     for (int i = 0; i < WS.m_tiles_per_warp; ++i) {
@@ -701,22 +792,30 @@ __global__ void __launch_bounds__(K::threads) mma_causal_chunk_kernel(const Forw
     }
     __syncthreads();
     // 1b. phi(k) -> phi_k_h, V -> v_h (exact; zero past the chunk end and past dv).
-    load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
-    for (int e = threadIdx.x; e < C * (DVB / 2); e += NT) {
-      const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
-      float lo = 0.0f, hi = 0.0f;
-      if (r < valid) {
-        const T* row = vbase + (long long)(t0 + r) * a.v.stride_seq + c0;
-        if (c0 + c < K::dv) lo = to_float(row[c]);
-        if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
+    if (pipe) {
+      for (int e = threadIdx.x; e < valid * K::d; e += NT) smem[L.x + e] = to_float(k_raw[e]);
+    } else {
+      load_rows<T, NT>(a.k, b, h, t0, valid, valid, K::d, 0, K::d, smem + L.x);
+      for (int e = threadIdx.x; e < C * (DVB / 2); e += NT) {
+        const int r = e / (DVB / 2), c = 2 * (e - r * (DVB / 2));
+        float lo = 0.0f, hi = 0.0f;
+        if (r < valid) {
+          const T* row = vbase + (long long)(t0 + r) * a.v.stride_seq + c0;
+          if (c0 + c < K::dv) lo = to_float(row[c]);
+          if (c0 + c + 1 < K::dv) hi = to_float(row[c + 1]);
+        }
+        v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);
       }
-      v_words[(r * PV + c) / 2] = mma_detail::pack2<T>(lo, hi);
     }
     __syncthreads();
     MmaPhi<K>(params).template tile<NT>(smem + L.x, smem + L.phi, smem + L.scratch,
                                         reinterpret_cast<unsigned*>(smem + L.phi_k_h), valid, C,
                                         FeatureContext{params, t0, seq, 0, 0.0f});
     __syncthreads();
+    // The next chunk's copies overlap steps 3 and 4, which read only the
+    // 16-bit operand tiles: x, phi and scratch (under q_raw, v_raw) are free
+    // behind the barrier above, and k_raw was converted before it.
+    if (pipe && t0 + C < t_end) mma_detail::causal_prefetch<K>(args, t0 + C);
 
     // 3. Output rows of this chunk.
     for (int i = 0; i < WO.m_tiles_per_warp; ++i) {

@@ -16,6 +16,7 @@
 // map, a missed tile or a wrong scale would exceed by orders of magnitude.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <string>
 
@@ -345,8 +346,10 @@ TEST(MmaForwardHostPacked, CarriedStateAndPackedSequencesMatchTheScalarKernels) 
 // reverse thread order and in `random` (schedule=random:SEED): each passes
 // against the reference with at least `launches` sanitized launches and no
 // finding, and the two give the same errors (fixed-order sums, no atomics).
+// `inspect`, when given, sees each schedule's backend after its check.
 void sanitized_forward_twice(const AttentionSpec& spec, const TileConfig& config, const CheckOptions& opt,
-                             unsigned launches, const char* random) {
+                             unsigned launches, const char* random,
+                             const std::function<void(const HostBackend&)>& inspect = nullptr) {
   std::vector<CheckReport> reps;
   for (const std::string& schedule : {std::string("init,bounds,sync,race,schedule=reverse"),
                                       "init,bounds,sync,race,schedule=" + std::string(random)}) {
@@ -358,6 +361,7 @@ void sanitized_forward_twice(const AttentionSpec& spec, const TileConfig& config
     EXPECT_TRUE(rep->pass) << rep->rel_rms;
     EXPECT_GE(backend.sanitized_launches(), launches);
     EXPECT_TRUE(backend.last_findings().empty());
+    if (inspect) inspect(backend);
     reps.push_back(*rep);
   }
   ASSERT_EQ(reps.size(), 2u);
@@ -392,33 +396,76 @@ TEST(MmaForwardSanitized, CleanAndDeterministicUnderTwoSchedules) {
   }
 }
 
+// The cp.async copies that the last sanitized launch of the kernel with
+// `role` issued (every block), 0 if it issued none; fails if it did not run.
+std::uint64_t async_copies(const HostBackend& backend, const AttentionSpec& spec, const TileConfig& config,
+                           const std::string& role) {
+  const KernelSource src = generate(spec, config, Pass::forward).value_or_throw();
+  for (const KernelEntry& e : src.entries) {
+    if (e.role != role) continue;
+    const std::optional<std::uint64_t> n = backend.last_async_copies(e.name_expression);
+    EXPECT_TRUE(n.has_value()) << role << " did not run sanitized";
+    return n.value_or(0);
+  }
+  ADD_FAILURE() << "no " << role << " kernel";
+  return 0;
+}
+
 // The forward's cp.async loads: the state pass's pipeline
 // (mma_state_pipelined): a block that walks several tiles (T16, one split:
 // n = 77 is five tiles, the last partial) prefetches tile i + 1 while it maps
-// and multiplies tile i; and the output kernel's query tile, fetched while the
-// block sums the state partials (raw rows in the phi tile). Run
-// under the sanitizers (a read of a cp.async destination before its
-// wait_group is an init finding) in two thread orders, against the reference:
+// and multiplies tile i; the output kernel's query tile, fetched while the
+// block sums the state partials (raw rows in the phi tile); and the causal
+// walk's next-chunk prefetch (mma_causal_pipelined; C16, two super-chunk
+// ranges of three and two chunks, the last partial). Run under the
+// sanitizers (a read of a cp.async destination before its wait_group is an
+// init finding) in two thread orders, against the reference:
 //   dv 64 contiguous: every row 16-byte aligned, the pipeline;
-//   dv 60 fused QKV, 2 heads: row stride 2 (64 + 64 + 60) = 376 halves, aligned,
-//     the pipeline with V's last 16-byte chunk zero-filled past dv;
+//   dv 60 fused QKV, 2 heads: row stride 2 (64 + 64 + 60) = 376 halves, head
+//     stride 188 halves: head 0's rows are aligned (the pipeline, with V's
+//     last 16-byte chunk zero-filled past dv), head 1's are not (the
+//     synchronous loads): both paths in one launch;
 //   dv 60 contiguous and fused with 1 head (strides 60 and 188 halves): rows
 //     not 16-byte aligned, the synchronous loads (fused: Q's rows too).
+// Which path ran is checked by the emulator's count of cp.async copies: per
+// pipelined head, K and V 16-byte chunks of every 16-token tile (5 tiles x
+// 16 rows x (8 + 8)) in the state pass, Q's of every valid row (77 x 8) in
+// the output pass, and Q, K, V of every chunk (5 x 16 x (8 + 8 + 8)) in the
+// walk, rows and columns past the end included (zero-filled); none for a
+// head whose rows are not aligned (V's at dv 60 contiguous, everything of
+// the fused head 1).
 TEST(MmaForwardPipeline, CleanAndCorrectAlignedOrNot) {
-  struct Case { int dv; InputLayout layout; int heads; };
-  for (auto [dv, layout, heads] : {Case{64, InputLayout::contiguous, 2}, Case{60, InputLayout::fused_qkv, 2},
-                                   Case{60, InputLayout::contiguous, 1}, Case{60, InputLayout::fused_qkv, 1}}) {
-    AttentionSpec spec = default_spec(Family::luna);
-    spec.value_dim = dv;
-    const TileConfig config = TileConfig(16, 4, 64, 64, 1).with_mma(true);
-    SCOPED_TRACE(fmt::format("dv {} {} heads {}", dv, layout == InputLayout::fused_qkv ? "fused" : "contiguous", heads));
-    ASSERT_TRUE(can_implement(spec, config, sm90())) << can_implement(spec, config, sm90()).error().message;
-    ASSERT_TRUE(mma_state_pipelined(spec.head_dim, false));
-    CheckOptions opt;
-    opt.shape = {1, heads, 77};
-    opt.seed = 11;
-    opt.layout = layout;
-    sanitized_forward_twice(spec, config, opt, 2u, "random:20261203");
+  // qk_heads: heads whose Q (and K) rows are aligned; all_heads: whose Q, K and V rows are.
+  struct Case { int dv; InputLayout layout; int heads; unsigned qk_heads; unsigned all_heads; };
+  for (bool causal : {false, true}) {
+    for (auto [dv, layout, heads, qk_heads, all_heads] :
+         {Case{64, InputLayout::contiguous, 2, 2, 2}, Case{60, InputLayout::fused_qkv, 2, 1, 1},
+          Case{60, InputLayout::contiguous, 1, 1, 0}, Case{60, InputLayout::fused_qkv, 1, 0, 0}}) {
+      AttentionSpec spec = default_spec(Family::luna);
+      spec.value_dim = dv;
+      spec.causal = causal;
+      const TileConfig config = causal ? TileConfig(16, 4, 64, 16, 2).with_mma(true)
+                                       : TileConfig(16, 4, 64, 64, 1).with_mma(true);
+      SCOPED_TRACE(fmt::format("{} dv {} {} heads {}", causal ? "causal" : "non-causal", dv,
+                               layout == InputLayout::fused_qkv ? "fused" : "contiguous", heads));
+      ASSERT_TRUE(can_implement(spec, config, sm90())) << can_implement(spec, config, sm90()).error().message;
+      ASSERT_TRUE(mma_state_pipelined(spec.head_dim, false));
+      ASSERT_TRUE(mma_causal_pipelined(spec.head_dim));
+      CheckOptions opt;
+      opt.shape = {1, heads, 77};
+      opt.seed = 11;
+      opt.layout = layout;
+      const std::uint64_t qk = qk_heads, all = all_heads;
+      sanitized_forward_twice(spec, config, opt, causal ? 1u : 2u, "random:20261203", [&](const HostBackend& b) {
+        if (causal) {
+          // The walk needs Q, K and V aligned (block-uniform).
+          EXPECT_EQ(async_copies(b, spec, config, "causal_chunk"), all * 5 * 16 * (8 + 8 + 8));
+        } else {
+          EXPECT_EQ(async_copies(b, spec, config, "state"), all * 5 * 16 * (8 + 8));
+          EXPECT_EQ(async_copies(b, spec, config, "output"), qk * 77 * 8);
+        }
+      });
+    }
   }
 }
 

@@ -525,6 +525,12 @@ TEST(CostModelPlan, CausalSuperChunksSplitTheWalk) {
   EXPECT_EQ(plan.workspace_floats, 8 + 6 * 4 * (64 * 64 + 64));
   auto k4 = kernel_counts(s, c4, Pass::forward, "causal_chunk", shape).value_or_throw();
   EXPECT_EQ(k4.serial_steps, 4);  // ceil(16 / 4)
+  // The mma walk prefetches its next chunk by cp.async (d 64: mma_causal_pipelined);
+  // the scalar walk loads synchronously.
+  ASSERT_TRUE(mma_causal_pipelined(s.head_dim));
+  EXPECT_EQ(k4.pipeline_stages, 2);
+  EXPECT_EQ(kernel_counts(s, c4.with_mma(false), Pass::forward, "causal_chunk", shape).value_or_throw().pipeline_stages,
+            1);
   for (const TileConfig& single : {c4.with_mma(false), TileConfig(64, 4, 64, 64, 1).with_mma(true)}) {
     SCOPED_TRACE(single.to_string());
     EXPECT_FALSE(causal_super_chunks(s, single, Pass::forward));
