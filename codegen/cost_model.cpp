@@ -386,16 +386,17 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // step (4 of the A operand, phi(q) or G, 2 of the B operand, phi(k) or
     // V): 2 wavefronts each from phi's tiles where their rows are padded
     // (backward_phi_stride: D + 8 floats apart; causal_dkv keeps phi(q)'s at
-    // D, registers), else 8 (a fragment's rows at the D- or dv-float stride
-    // share banks), and 4 stores per item and score tile (2 wavefronts: the
-    // padded rows). The epilogues' sums (dphi in both walks, dv in dkv)
+    // D, registers), else 8 (a fragment's rows at the D-float stride share
+    // banks); 2 from G's and V's (backward_value_stride: dv + 8 floats apart),
+    // and 4 stores per item and score tile (2 wavefronts: the padded rows). The epilogues' sums (dphi in both walks, dv in dkv)
     // step over the rows of an 8-row fragment group together: row i takes
     // min((i | 7) + 1, cc) steps (dq) or as many from the other end (dkv),
     // sum_i = cc^2 / 2 + 4 cc for cc a multiple of 8.
     const double epi_all = nt * (cc * cc / 2 + 4 * cc);
     const bool padded = backward_phi_stride(s, c) > D;
     const double wk = padded ? 2 : 8, wq = padded && dq ? 2 : 8;
-    const double scores_wave = items * (D / 16 * (4 * wq + 2 * wk) + dv / 16 * 6 * 8 + 2 * 4 * 2);
+    const double wv = backward_value_stride(s, c) > dv ? 2 : 8;
+    const double scores_wave = items * (D / 16 * (4 * wq + 2 * wk) + dv / 16 * 6 * wv + 2 * 4 * 2);
     const double intra_issued = 32 * scores_wave + 2 * (dq ? D : D + dv) * epi_all + (dq ? tri_all * norm : 0);
     sp.fp32_tiles = BH * (intra_issued + updates * (dq ? 7 : 5) * D * dv);
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));

@@ -237,12 +237,12 @@
 //                       it (D + dv) / 16 * 3 * 4096 executed FLOPs
 //                 fp32 tiles (1 wavefront per 32 FLOP-equivalents, as issued; epi =
 //                       nt (c^2 / 2 + 4c): the epilogues step over 8-row fragment groups):
-//                       32 it (D / 16 * (4 wq + 2 wk) + dv / 16 * 6 * 8 + 16) (the scores'
+//                       32 it (D / 16 * (4 wq + 2 wk) + dv / 16 * 6 wv + 16) (the scores'
 //                       fragment loads from the fp32 tiles, and their stores; wk = 2
 //                       where phi's rows are padded, backward_phi_stride, wq too in
 //                       causal_dq (causal_dkv keeps phi(q)'s rows D apart), else 8: a
-//                       fragment's rows at the D-float stride share banks, as G's and
-//                       V's at dv)
+//                       fragment's rows at the D-float stride share banks; wv = 2,
+//                       G's and V's rows dv + 8 apart, backward_value_stride; 8 at dv)
 //                       + 2D epi (dphi) + tri_all nrm (den)
 //                       + 7 D dv upd (the update's adds, the restaged hi + lo, dS summed)
 //                       (the emulator's count of block (0,0,0), default LUNA bf16, C 16:

@@ -147,7 +147,8 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       c.mma() && spec.causal ? 1 : 0,
                       // The non-causal tensor-core dq / dkv copy the staged state: no fp32 state tile.
                       c.mma() && !spec.causal ? 1 : 0,
-                      backward_phi_stride(spec, c)};
+                      backward_phi_stride(spec, c),
+                      backward_value_stride(spec, c)};
 }
 }  // namespace
 
@@ -155,6 +156,10 @@ int backward_phi_stride(const AttentionSpec& spec, const TileConfig& c) {
   // MmaPhiSupport: the J^T's conditions (jacobian_on_tensor_cores) and x's bf16 copy fits in phi's tile.
   const bool padded = jacobian_on_tensor_cores(spec, c) && spec.head_dim + 8 <= 2 * spec.feature_dim();
   return spec.feature_dim() + (padded ? 8 : 0);
+}
+
+int backward_value_stride(const AttentionSpec& spec, const TileConfig& c) {
+  return spec.value_dim + (causal_backward_tiles(spec, c, Pass::backward) ? 8 : 0);
 }
 
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& c, int seq) {

@@ -102,6 +102,12 @@ bool jacobian_on_tensor_cores(const AttentionSpec& spec, const TileConfig& confi
 // fragment-order stores), else D. Part of the tiles' shared-memory sizes.
 int backward_phi_stride(const AttentionSpec& spec, const TileConfig& config);
 
+// The row stride (floats) of the backward kernels' fp32 V and dO tiles: dv + 8
+// in the tensor-core causal walks (BackwardMmaTraits::VS in
+// templates/lunajit/linear_attention_backward_mma.cuh: conflict-free fragment
+// loads of the scores' B = G V^T), else dv.
+int backward_value_stride(const AttentionSpec& spec, const TileConfig& config);
+
 // Bytes of global memory the backward needs per (batch, head) beyond q, k, v,
 // o, dout and the gradients themselves (its workspace), for a sequence of `seq`.
 int64_t backward_workspace_bytes_per_head(const AttentionSpec& spec, const TileConfig& config, int seq);

@@ -65,16 +65,17 @@ LUNAJIT_DEVICE void split_bf16x2(float a0, float a1, unsigned& hi, unsigned& lo)
   lo = mma::pack_bf16x2(a0 - mma::bf16x2_lo(hi), a1 - mma::bf16x2_hi(hi));
 }
 
-// fp32 rows (rows_alloc, cols) -> (rows_alloc, P) in T, two elements per
-// 32-bit store; rows >= valid become 0. Exact when the values are T values.
-template <class T, int NT, int COLS, int P>
+// fp32 rows (rows_alloc, COLS; SS floats apart) -> (rows_alloc, P) in T, two
+// elements per 32-bit store; rows >= valid become 0. Exact when the values
+// are T values.
+template <class T, int NT, int COLS, int P, int SS = COLS>
 LUNAJIT_DEVICE void round_rows(const float* src, unsigned* dst, int valid, int rows_alloc) {
   constexpr int kPairs = COLS / 2;
   for (int e = threadIdx.x; e < rows_alloc * kPairs; e += NT) {
     const int r = e / kPairs, f = 2 * (e - r * kPairs);
     unsigned packed = 0u;
     if (r < valid) {
-      const float2 v = load_pair(src + r * COLS + f);
+      const float2 v = load_pair(src + r * SS + f);
       packed = pack2<T>(v.x, v.y);
     }
     dst[(r * P + f) / 2] = packed;

@@ -328,6 +328,9 @@ struct BackwardDims {
   int phi_stride = 0;   // row stride (floats) of the fp32 phi and dphi tiles; 0: D. The tensor-core
                         // backward pads it to D + 8 where it makes phi on tensor cores
                         // (backward_phi_stride, feature_map_mma.cuh): conflict-free fragment stores
+  int value_stride = 0; // row stride (floats) of the fp32 V and dO (g) tiles; 0: dv. The tensor-core
+                        // causal walks pad it to dv + 8 (BackwardMmaTraits::VS, backward_value_stride):
+                        // conflict-free fragment loads of the scores' B = G V^T
 };
 
 // Offsets (floats) of the backward kernels' tiles; unused tiles have size 0.
@@ -348,6 +351,7 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   BackwardSmem l{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const bool running = causal && p.running_max;
   const int ps = p.phi_stride > 0 ? p.phi_stride : p.D;  // phi and dphi rows
+  const int vs = p.value_stride > 0 ? p.value_stride : p.dv;  // V and dO rows
   int off = 0;
   l.state = off;    off = align4(off + (needs_state && !p.staged_state ? p.D * p.dv : 0));  // S or dS (D, dv)
   l.z = off;        off = align4(off + p.D);                                  // z or dz (D)
@@ -355,8 +359,8 @@ LUNAJIT_HOST_DEVICE constexpr BackwardSmem backward_smem_layout(BackwardKind kin
   l.phi_q = off;    off = align4(off + t * ps);                               // (t, D), rows ps apart
   l.phi_k = off;    off = align4(off + (causal ? t * ps : 0));                // (t, D), rows ps apart
   l.dphi = off;     off = align4(off + (grads ? t * ps : 0));                 // (t, D), rows ps apart
-  l.v = off;        off = align4(off + (keys || causal ? t * p.dv : 0));      // (t, dv)
-  l.dout = off;     off = align4(off + (queries ? t * p.dv : 0));             // (t, dv), becomes g
+  l.v = off;        off = align4(off + (keys || causal ? t * vs : 0));        // (t, dv), rows vs apart
+  l.dout = off;     off = align4(off + (queries ? t * vs : 0));               // (t, dv), rows vs apart; becomes g
   // o: only the causal performer's scans still read the forward's output (r from
   // dO . o); every other kernel takes r from its fp32 products (MATH.md §1).
   l.o = off;        off = align4(off + (queries && running ? t * p.dv : 0));  // (t, dv)

@@ -95,10 +95,17 @@ LUNAJIT_DEVICE void query_gradients_from_o(float* dout, const float* o, const fl
 // g_i = dO_i / den_i in place of dout (normalized; else g = dO), and r_i:
 // from r_in[i] (the workspace's row written by the dq kernel) when given,
 // else 0 (the dq kernels compute it with query_r below). Ends with a barrier.
-template <class K>
+// VS: dout's row stride (dv; the tensor-core walks' padded tiles: BackwardMmaTraits::VS).
+template <class K, int VS = K::dv>
 LUNAJIT_DEVICE void query_gradients(float* dout, const float* den, const float* r_in, float* r, int valid) {
-  if constexpr (K::normalize)
+  if constexpr (K::normalize && VS == K::dv) {
     for (int e = threadIdx.x; e < valid * K::dv; e += K::threads) dout[e] /= den[e / K::dv];
+  } else if constexpr (K::normalize) {
+    for (int e = threadIdx.x; e < valid * K::dv; e += K::threads) {
+      const int i = e / K::dv;
+      dout[i * VS + (e - i * K::dv)] /= den[i];
+    }
+  }
   for (int i = threadIdx.x; i < valid; i += K::threads) r[i] = K::normalize && r_in != nullptr ? r_in[i] : 0.0f;
   __syncthreads();
 }

@@ -242,6 +242,11 @@ struct BackwardMmaTraits {
   static constexpr int Tk = BackwardTraits<K>::kTokens;  // block_tokens, or chunk (causal)
   static constexpr int PD = mma_row_halves(K::D), PV = mma_row_halves(K::dv);
   static constexpr int PS = backward_phi_stride<K>();  // the fp32 phi and dphi tiles' row stride
+  // The causal walks' fp32 V and dO (g) tiles: rows dv + 8 floats apart, so
+  // that the scores' B = G V^T fragment loads (a fragment's 8 rows, 64-bit
+  // pairs at columns 2t) cover all 32 banks per half-warp; dv apart they
+  // shared 8 banks (8-way). The host mirror: backward_value_stride (launch_plan.h).
+  static constexpr int VS = K::causal ? K::dv + 8 : K::dv;
   static constexpr MmaWarpTiling kDstate = mma_warp_tiling(KernelKind::state, K::D, K::dv, Tk, NW);
   static constexpr MmaWarpTiling kRowsByD = mma_warp_tiling(KernelKind::output, K::D, K::D, Tk, NW);   // dphi
   static constexpr MmaWarpTiling kRowsByDv = mma_warp_tiling(KernelKind::output, K::D, K::dv, Tk, NW); // dv
@@ -261,6 +266,7 @@ struct BackwardMmaTraits {
     p.score_pad = K::causal ? 1 : 0;
     p.staged_state = BackwardTraits<K>::kStaged ? 1 : 0;
     p.phi_stride = PS;
+    p.value_stride = VS;
     return p;
   }
   static LUNAJIT_HOST_DEVICE constexpr BackwardMmaSmem layout(BackwardKind kind) {
@@ -726,7 +732,7 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   using T = typename K::T;
   using Op = typename M::Op;
   using CB = CausalRangeBlock<K, BackwardKind::causal_dq>;
-  constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
+  constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS, VS = M::VS;
   constexpr MmaWarpTiling W = M::kRowsByD, WS = M::kDstate;
   constexpr BackwardMmaSmem LM = CB::LM;
   constexpr BackwardSmem L = CB::L;
@@ -764,13 +770,13 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   const int valid = min(C, cb.range.end - t0);
   const float* const params = cb.params;
   load_rows<T, NT>(a.k, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
+  load_rows<T, NT, VS>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
   backward_phi_tile<K, NT, M::PS>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C,
                                   FeatureContext{params, t0, seq, 0, 0.0f});
   const FeatureContext ctx{params, t0, seq, 1, 0.0f};
   load_rows<T, NT>(a.q, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
+  load_rows<T, NT, VS>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
   __syncthreads();
   backward_phi_tile<K, NT, M::PS>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C, ctx);
   mma_detail::masked_scores<Op, NT, C, CS, D, M::PS>(phi_q, phi_k, A, valid, nullptr);  // A_ij = phi(q_i) . phi(k_j)
@@ -786,10 +792,10 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
     den[i] = s;
   }
   __syncthreads();
-  query_gradients<K>(g, den, nullptr, r, valid);
+  query_gradients<K, VS>(g, den, nullptr, r, valid);
   // B_ij = g_i . v_j here; r_i joins dphi(q_i) once query_r has it (below).
-  mma_detail::masked_scores<Op, NT, C, CS, DV>(g, v, B, valid, nullptr);
-  mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
+  mma_detail::masked_scores<Op, NT, C, CS, DV, VS>(g, v, B, valid, nullptr);
+  mma_detail::split_rows<NT, DV, PV, VS>(g, a_hw, a_lw, valid, C);
   mma_detail::split_rows<NT, D, PD, M::PS>(phi_q, phi_hw, phi_lw, valid, C);
   __syncthreads();
   {  // dphi(q): inter-chunk on mma (as mma_dq_kernel), intra-chunk fp32 in the epilogue
@@ -839,9 +845,9 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
     __syncthreads();  // the J^T's staging (over phi_h ...) is free
     mma_detail::split_rows<NT, D, PD, M::PS>(phi_k, phi_hw, phi_lw, valid, C);
     if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
-      mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
+      mma_detail::split_rows<NT, DV, PV, VS>(v, a_hw, a_lw, valid, C);
     else
-      mma_detail::round_rows<T, NT, DV, PV>(v, a_hw, valid, C);  // exact
+      mma_detail::round_rows<T, NT, DV, PV, VS>(v, a_hw, valid, C);  // exact
     __syncthreads();
     float acc[WS.m_tiles_per_warp][WS.n_tiles_per_warp][4];
     float zacc[WS.m_tiles_per_warp][4];
@@ -906,7 +912,7 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   using T = typename K::T;
   using Op = typename M::Op;
   using CB = CausalRangeBlock<K, BackwardKind::causal_dkv>;
-  constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS;
+  constexpr int C = CB::C, D = K::D, DV = K::dv, NT = K::threads, PD = M::PD, PV = M::PV, CS = CB::CS, VS = M::VS;
   // phi(q)'s rows stay D floats apart here (phi(k)'s and dphi's are padded,
   // M::PS): padded too, ptxas needed a 16-byte stack frame on sm_90, where
   // this walk runs at 128 registers for two blocks per SM.
@@ -946,25 +952,25 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   const int valid = min(C, cb.range.end - t0);
   const float* const params = cb.params;
   load_rows<T, NT>(a.q, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
+  load_rows<T, NT, VS>(a.dout, b, h, off + t0, valid, valid, DV, 0, DV, g);
   for (int i = threadIdx.x; i < valid; i += NT)
     den[i] = K::normalize ? a.workspace[w.den + bh * ws_seq + t0 + i] : 1.0f;
   __syncthreads();
   backward_phi_tile<K, NT, QS>(smem + L.x, phi_q, smem + L.scratch, x_words, valid, C,
                                   FeatureContext{params, t0, seq, 1, 0.0f});
   load_rows<T, NT>(a.k, b, h, off + t0, valid, valid, K::d, 0, K::d, smem + L.x);
-  load_rows<T, NT>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
+  load_rows<T, NT, VS>(a.v, b, h, off + t0, valid, valid, DV, 0, DV, v);
   __syncthreads();
   const FeatureContext ctx{params, t0, seq, 0, 0.0f};
   backward_phi_tile<K, NT, M::PS>(smem + L.x, phi_k, smem + L.scratch, x_words, valid, C, ctx);
   // r from mma_causal_dq_kernel; ends with a barrier: phi(k) is visible
-  query_gradients<K>(g, den, a.workspace + w.r + bh * ws_seq + t0, r, valid);
+  query_gradients<K, VS>(g, den, a.workspace + w.r + bh * ws_seq + t0, r, valid);
   mma_detail::masked_scores<Op, NT, C, CS, D, QS, M::PS>(phi_q, phi_k, A, valid, nullptr);  // as in dq
-  mma_detail::masked_scores<Op, NT, C, CS, DV>(g, v, B, valid, r);               // B_ij = g_i . v_j + r_i
+  mma_detail::masked_scores<Op, NT, C, CS, DV, VS>(g, v, B, valid, r);           // B_ij = g_i . v_j + r_i
   if constexpr (M::kSplitV)  // exact: fp16's 11 bits in bf16 hi + lo
-    mma_detail::split_rows<NT, DV, PV>(v, a_hw, a_lw, valid, C);
+    mma_detail::split_rows<NT, DV, PV, VS>(v, a_hw, a_lw, valid, C);
   else
-    mma_detail::round_rows<T, NT, DV, PV>(v, a_hw, valid, C);  // exact
+    mma_detail::round_rows<T, NT, DV, PV, VS>(v, a_hw, valid, C);  // exact
   mma_detail::split_rows<NT, D, PD, M::PS>(phi_k, phi_hw, phi_lw, valid, C);
   __syncthreads();
   const auto dphi_epi = mma_detail::pair_epilogue([&](int j, int f, float x0, float x1) {
@@ -999,7 +1005,7 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
       phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int j, int c, float x) {
         if (j < valid) {
           float s = x * unscale;
-          for (int i = j & ~7; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * DV + c], s);
+          for (int i = j & ~7; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * VS + c], s);
           dv_out[(long long)(off + t0 + j) * a.dv.stride_seq + c] = from_float<T>(s);
         }
       });
@@ -1010,7 +1016,7 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
   if (t0 > cb.range.begin) {  // block-uniform: dS_>c-1 = dS_>c + Phi_q^T [G | r] for the chunk before
     __syncthreads();  // the J^T's staging (over phi_h ...) is free
     mma_detail::split_rows<NT, D, PD, QS>(phi_q, phi_hw, phi_lw, valid, C);
-    mma_detail::split_rows<NT, DV, PV>(g, a_hw, a_lw, valid, C);
+    mma_detail::split_rows<NT, DV, PV, VS>(g, a_hw, a_lw, valid, C);
     for (int e = threadIdx.x; e < C / 2; e += NT) {
       const float r0 = 2 * e < valid ? r[2 * e] : 0.0f, r1 = 2 * e + 1 < valid ? r[2 * e + 1] : 0.0f;
       mma_detail::split_bf16x2(r0, r1, r_hi[e], r_lo[e]);
