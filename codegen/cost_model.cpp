@@ -398,7 +398,10 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     const double wv = backward_value_stride(s, c) > dv ? 2 : 8;
     const double scores_wave = items * (D / 16 * (4 * wq + 2 * wk) + dv / 16 * 6 * wv + 2 * 4 * 2);
     const double intra_issued = 32 * scores_wave + 2 * (dq ? D : D + dv) * epi_all + (dq ? tri_all * norm : 0);
-    sp.fp32_tiles = BH * (intra_issued + updates * (dq ? 7 : 5) * D * dv);
+    // Per update: the fp32 state's 64-bit read-modify-write (2), the restaging's
+    // read of S and its hi + lo writes (2; its block max comes from the update's
+    // own values, write_state_partial), dq's add into the range's dS (2).
+    sp.fp32_tiles = BH * (intra_issued + updates * (dq ? 6 : 4) * D * dv);
     sp.sfu = BH * N * (2 * sfu_row + jsfu + norm * (dv + 1));
     k.serial_steps = per_range;
   } else if (role == "causal_dq" || role == "causal_dkv") {

@@ -244,7 +244,8 @@
 //                       fragment's rows at the D-float stride share banks; wv = 2,
 //                       G's and V's rows dv + 8 apart, backward_value_stride; 8 at dv)
 //                       + 2D epi (dphi) + tri_all nrm (den)
-//                       + 7 D dv upd (the update's adds, the restaged hi + lo, dS summed)
+//                       + 6 D dv upd (the update's adds 2, the restaged hi + lo 2: S read
+//                       once, the block max from the update's values; dS summed 2)
 //                       (the emulator's count of block (0,0,0), default LUNA bf16, C 16:
 //                       the scores' fragment loads 768 wavefronts, the dphi epilogue 768,
 //                       as this says; the fp32 dot products the scores were before
@@ -256,7 +257,7 @@
 //                       + U (dS += Phi_q^T [G | r], three)
 //                       + the scores (B = G V^T + r), as causal_dq
 //                 fp32 tiles: the scores as causal_dq + (2D + 2dv) epi (dphi, dv)
-//                       + 5 D dv upd (as issued)
+//                       + 4 D dv upd (as issued: no dS sum)
 //                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); serial steps pr
 //   param_reduce  (learned families only) with slots = 2 BH nt (non-causal), 2 BH R
 //                 (causal on tensor cores, R ranges) or 2 BH (the causal scans):

@@ -163,11 +163,13 @@ LUNAJIT_DEVICE void split_dstate_products(float (*acc)[NPW][4], float (*zacc)[4]
 // Stages 2^-a S (S: (D, dv) fp32) as bf16 hi + lo tiles (D, P), with a the
 // exponent of max |S| over the block (red: one float per warp), and returns
 // 2^a (the unscale). Ends with a barrier; the tiles are visible to every thread.
+// scale_state_from_max: the same from each thread's max |S| over the entries
+// it last wrote (write_state_partial's return: the walks' updates, where
+// every entry has one owner lane); its barrier on the warps' maxima also
+// orders those writes before the tiles' reads of S.
 template <int NT, int D, int DV, int P>
-LUNAJIT_DEVICE float scale_state(const float* S, unsigned* s_hi, unsigned* s_lo, float* red) {
+LUNAJIT_DEVICE float scale_state_from_max(const float* S, unsigned* s_hi, unsigned* s_lo, float* red, float smax) {
   constexpr int NW = NT / 32;
-  float smax = 0.0f;
-  for (int e = threadIdx.x; e < D * DV; e += NT) smax = fmaxf(smax, fabsf(S[e]));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = smax;
@@ -182,6 +184,13 @@ LUNAJIT_DEVICE float scale_state(const float* S, unsigned* s_hi, unsigned* s_lo,
   }
   __syncthreads();
   return 1.0f / scale;  // a power of two: exact
+}
+
+template <int NT, int D, int DV, int P>
+LUNAJIT_DEVICE float scale_state(const float* S, unsigned* s_hi, unsigned* s_lo, float* red) {
+  float smax = 0.0f;
+  for (int e = threadIdx.x; e < D * DV; e += NT) smax = fmaxf(smax, fabsf(S[e]));
+  return scale_state_from_max<NT, D, DV, P>(S, s_hi, s_lo, red, smax);
 }
 
 // Loads one (batch, head)'s state [D * dv | D] (partial 0: the reduce
@@ -711,10 +720,14 @@ struct CausalRangeBlock {
   }
 
   // After a walk update of the fp32 state: its 2^-a-scaled hi + lo tiles
-  // again (the J^T's staging overlays them). Ends with a barrier.
-  LUNAJIT_DEVICE void restage() {
-    unscale = mma_detail::scale_state<NT, D, DV, PV>(smem + L.state, reinterpret_cast<unsigned*>(smem + LM.s_h),
-                                                     reinterpret_cast<unsigned*>(smem + LM.s_lo), smem + LM.reduce);
+  // again (the J^T's staging overlays them), from each thread's max |S| over
+  // the entries its update wrote (write_state_partial<..., kAdd>). No
+  // barrier needed before it: scale_state_from_max's own orders the update's
+  // writes before its reads. Ends with a barrier.
+  LUNAJIT_DEVICE void restage(float thread_max) {
+    unscale = mma_detail::scale_state_from_max<NT, D, DV, PV>(
+        smem + L.state, reinterpret_cast<unsigned*>(smem + LM.s_h), reinterpret_cast<unsigned*>(smem + LM.s_lo),
+        smem + LM.reduce, thread_max);
   }
 };
 
@@ -861,10 +874,10 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
     if constexpr (M::kSplitV)
       mma_detail::state_tile_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
           acc, zacc, phi_hi, g_lo, wm, wn, /*with_z=*/false, lane, mma_detail::OnesColumn{ones});
-    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, /*kAdd=*/true>(
-        acc, zacc, smem + L.state, D, DV, 0, wm, wn, with_z, lane);
-    __syncthreads();
-    cb.restage();
+    const float smax = mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp,
+                                                       /*kAdd=*/true>(acc, zacc, smem + L.state, D, DV, 0, wm, wn,
+                                                                      with_z, lane);
+    cb.restage(smax);
     cb.set_walk(t0 + C, cb.unscale);
     return true;
   }
@@ -1029,10 +1042,10 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
     mma_detail::zero_state_accumulators(acc, zacc);
     mma_detail::split_dstate_products<Op, WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, C, PD, PV>(
         acc, zacc, phi_hi, phi_lo, v_h, v_lo, r_hi, r_lo, wm, wn, with_z, lane);
-    mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp, /*kAdd=*/true>(
-        acc, zacc, smem + L.state, D, DV, 0, wm, wn, with_z, lane);
-    __syncthreads();
-    cb.restage();
+    const float smax = mma_detail::write_state_partial<WS.warps_m, WS.m_tiles_per_warp, WS.n_tiles_per_warp,
+                                                       /*kAdd=*/true>(acc, zacc, smem + L.state, D, DV, 0, wm, wn,
+                                                                      with_z, lane);
+    cb.restage(smax);
     cb.set_walk(t0 - C, cb.unscale);
     return true;
   }

@@ -146,10 +146,14 @@ LUNAJIT_DEVICE void state_tile_products(float (*acc)[NPW][4], float (*zacc)[4], 
 // fragment order (one n-tile per step, rows g at a stride of ld words) puts 8
 // rows on the same banks (8-way conflicts). The global partials keep the
 // fragment order (the selects cost the fp16 state pass 16 bytes of spills on sm_80).
+// Returns, with kAdd, the largest |S| entry the lane wrote (fmaxf: NaN
+// ignored), so that the walks' restaging need not read S again for its block
+// max (scale_state_from_max); 0 otherwise.
 template <int WM, int MPW, int NPW, bool kAdd = false>
-LUNAJIT_DEVICE void write_state_partial(const float (*acc)[NPW][4], const float (*zacc)[4], float* part, int D,
+LUNAJIT_DEVICE float write_state_partial(const float (*acc)[NPW][4], const float (*zacc)[4], float* part, int D,
                                         int ld, int c0, int wm, int wn, bool with_z, int lane) {
   const int g = lane >> 2, t = lane & 3;
+  float smax = 0.0f;
 #pragma unroll
   for (int i = 0; i < MPW; ++i) {
     const int f0 = (wm + WM * i) * 16;
@@ -184,7 +188,9 @@ LUNAJIT_DEVICE void write_state_partial(const float (*acc)[NPW][4], const float 
           if (c < ld) {
             float* const dst = part + (long long)f * ld + c;
             const float2 old = load_pair(dst);
-            store_pair(dst, v0 + old.x, v1 + old.y);
+            const float s0 = v0 + old.x, s1 = v1 + old.y;
+            store_pair(dst, s0, s1);
+            smax = fmaxf(smax, fmaxf(fabsf(s0), fabsf(s1)));
           }
         }
       }
@@ -194,6 +200,7 @@ LUNAJIT_DEVICE void write_state_partial(const float (*acc)[NPW][4], const float 
       }
     }
   }
+  return smax;
 }
 
 // 2^-floor(log2 m) for a finite m > 0 (so m * scale lies in [1, 2)), else 1;
