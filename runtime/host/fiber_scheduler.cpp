@@ -340,18 +340,26 @@ class BlockRunner {
   std::mt19937_64 preempt_rng_;
   bool in_collective_ = false;
   std::optional<SanitizerFinding> finding_;
-  // banks: per (warp, site, occurrence) the lanes' addresses, for block (0,0,0)
+  // banks: per (warp, site, barrier epoch, occurrence since the epoch began)
+  // the lanes' addresses, for block (0,0,0). The occurrence is a lane's count
+  // of its own executions of the site, so lanes that executed it a different
+  // number of times (a divergent branch: e.g. 8 lanes of a warp through an
+  // inlined helper whose stores other code also reaches) would pair one
+  // call's accesses with another's and report conflicts no instruction has;
+  // the block barrier realigns them (every thread passes each one).
   bool count_banks_ = false;
   std::uint64_t async_copies_ = 0;  // cp.async copies this block issued
   struct BankKey {
     const LunajitEmuSite* site;
     unsigned warp;
+    std::uint32_t epoch;
     unsigned occurrence;
     bool operator==(const BankKey&) const = default;
   };
   struct BankKeyHash {
     std::size_t operator()(const BankKey& k) const {
-      return std::hash<const void*>()(k.site) ^ (std::size_t{k.warp} << 40) ^ (std::size_t{k.occurrence} * 0x9E3779B97F4A7C15ull);
+      return std::hash<const void*>()(k.site) ^ (std::size_t{k.warp} << 40) ^
+             (std::size_t{k.occurrence} * 0x9E3779B97F4A7C15ull) ^ (std::size_t{k.epoch} * 0xC2B2AE3D27D4EB4Full);
     }
   };
   struct BankGroup {
@@ -470,6 +478,8 @@ int BlockRunner::syncthreads(int predicate) {
     barrier_count_ = 0;
     barrier_arrived_ = 0;
     ++barrier_epoch_;
+    if (count_banks_)
+      for (auto& occurrences : bank_occurrence_) occurrences.clear();  // counted afresh in the new epoch
     for (Fiber& f : fibers_) {
       if (f.state == FiberState::at_block_barrier) f.state = FiberState::runnable;
     }
@@ -900,7 +910,7 @@ void BlockRunner::record_bank_access(std::uintptr_t a, unsigned long long bytes,
                                      const LunajitEmuSite* site) {
   if (bytes == 0 || bytes > 16 || in_collective_) return;
   unsigned& occurrence = bank_occurrence_[current_][site];
-  BankGroup& g = bank_groups_[BankKey{site, current_ / kWarpSize, occurrence++}];
+  BankGroup& g = bank_groups_[BankKey{site, current_ / kWarpSize, barrier_epoch_, occurrence++}];
   g.bytes = static_cast<unsigned>(bytes);
   g.write = write;
   g.lanes |= 1u << (current_ % kWarpSize);
