@@ -212,6 +212,27 @@ LUNAJIT_DEVICE float pow2_scale(float m) {
   return __uint_as_float((unsigned)(254 - e) << 23);
 }
 
+// Whether rows of a 16-bit tensor starting at `base`, stride_seq elements
+// apart, are all 16-byte aligned: what the cp.async row copies need
+// (cp_async_rows); a strided view that breaks it takes the synchronous loads.
+template <class T>
+LUNAJIT_DEVICE bool rows_aligned16(const T* base, long long stride_seq) {
+  return reinterpret_cast<unsigned long long>(base) % 16 == 0 && stride_seq % 8 == 0;
+}
+
+// cp.async copies of ROWS rows (rows src + r * stride_seq) of COLS 16-bit
+// elements into dst (rows DST elements apart), 16 bytes at a time: rows >= n
+// and, unless kWholeRows, columns >= cols_left zero-filled (no global read).
+// Does not commit.
+template <class T, int NT, int ROWS, int COLS, int DST, bool kWholeRows>
+LUNAJIT_DEVICE void cp_async_rows(T* dst, const T* src, long long stride_seq, int n, int cols_left) {
+  constexpr int kChunks = COLS / 8;  // 16-byte chunks a row
+  for (int e = threadIdx.x; e < ROWS * kChunks; e += NT) {
+    const int r = e / kChunks, c = 8 * (e - r * kChunks);
+    const int bytes = r >= n ? 0 : kWholeRows ? 16 : 2 * max(0, min(8, cols_left - c));
+    mma::cp_async_cg_zfill(dst + r * DST + c, bytes > 0 ? src + (long long)r * stride_seq + c : src, bytes);
+  }
+}
 }  // namespace mma_detail
 
 // Tk: the token tile, K::block_tokens for the non-causal state pass, K::chunk
@@ -264,8 +285,8 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   const T* kbase = static_cast<const T*>(k_in.data) + b * k_in.stride_batch + h * k_in.stride_head;
   // The cp.async pipeline (kPipe) needs every row's 16-byte chunks aligned; a
   // strided view that breaks that takes the synchronous loads (block-uniform).
-  const bool pipe = kPipe && reinterpret_cast<unsigned long long>(kbase) % 16 == 0 && k_in.stride_seq % 8 == 0 &&
-                    reinterpret_cast<unsigned long long>(vbase + c0) % 16 == 0 && v_in.stride_seq % 8 == 0;
+  const bool pipe = kPipe && mma_detail::rows_aligned16(kbase, k_in.stride_seq) &&
+                    mma_detail::rows_aligned16(vbase + c0, v_in.stride_seq);
   // The pipeline's buffers: K's raw rows (Tk, d), converted to the fp32 x tile
   // as soon as they land, and two V tiles (Tk, PV), read by the products.
   T* const k_raw = reinterpret_cast<T*>(smem + L.k_raw);
@@ -273,6 +294,9 @@ LUNAJIT_DEVICE void mma_state_block(const Problem& problem, const TensorRef& k_i
   // Issues the cp.async copies of the tile at t (rows past the range end and
   // columns past dv zero-filled) into k_raw and V tile st, and commits them as one group.
   auto issue = [&](int t, int st) {
+    // The loops of cp_async_rows, written out: through it (base pointers
+    // offset by t before the loops) ptxas spilled 12 B on sm_80 and sm_90
+    // in the fp16 non-causal state pass.
     const int n = min(Tk, s1 - t);
     constexpr int KC = K::d / 8, VC = DVB / 8;  // 16-byte chunks a row
     for (int e = threadIdx.x; e < Tk * KC; e += NT) {
@@ -397,7 +421,7 @@ __global__ void __launch_bounds__(K::threads) mma_output_kernel(const ForwardArg
   // view) are loaded after the state as before (block-uniform).
   constexpr bool kQPipe = K::d % 8 == 0 && 2 * K::D >= K::d;  // whole 16-byte chunks; the raw tile fits phi
   const T* qbase = static_cast<const T*>(a.q.data) + b * a.q.stride_batch + h * a.q.stride_head;
-  const bool q_pipe = kQPipe && reinterpret_cast<unsigned long long>(qbase) % 16 == 0 && a.q.stride_seq % 8 == 0;
+  const bool q_pipe = kQPipe && mma_detail::rows_aligned16(qbase, a.q.stride_seq);
   T* const q_raw = reinterpret_cast<T*>(smem + L.phi);
   if (q_pipe) {
     constexpr int QC = K::d / 8;  // 16-byte chunks a row
@@ -524,9 +548,7 @@ LUNAJIT_DEVICE bool causal_prefetch_aligned(const ForwardArgs& a, int b, int h, 
     const T* q = static_cast<const T*>(a.q.data) + b * a.q.stride_batch + h * a.q.stride_head;
     const T* k = static_cast<const T*>(a.k.data) + b * a.k.stride_batch + h * a.k.stride_head;
     const T* v = static_cast<const T*>(a.v.data) + b * a.v.stride_batch + h * a.v.stride_head + c0;
-    return reinterpret_cast<unsigned long long>(q) % 16 == 0 && a.q.stride_seq % 8 == 0 &&
-           reinterpret_cast<unsigned long long>(k) % 16 == 0 && a.k.stride_seq % 8 == 0 &&
-           reinterpret_cast<unsigned long long>(v) % 16 == 0 && a.v.stride_seq % 8 == 0;
+    return rows_aligned16(q, a.q.stride_seq) && rows_aligned16(k, a.k.stride_seq) && rows_aligned16(v, a.v.stride_seq);
   }
 }
 
@@ -557,19 +579,9 @@ __device__ __noinline__ void causal_prefetch(const ForwardArgs& args, int t) {
   T* const q_raw = reinterpret_cast<T*>(smem + L.q_raw);
   T* const k_raw = reinterpret_cast<T*>(smem + L.k_raw);
   T* const v_raw = reinterpret_cast<T*>(smem + L.v_raw);
-  constexpr int KC = K::d / 8, VC = DVB / 8;  // 16-byte chunks a row
-  for (int e = threadIdx.x; e < C * KC; e += NT) {
-    const int r = e / KC, c = 8 * (e - r * KC);
-    const bool in = r < n;
-    const long long row = in ? r : 0;
-    mma::cp_async_cg_zfill(q_raw + r * K::d + c, qbase + row * args.q.stride_seq + c, in ? 16 : 0);
-    mma::cp_async_cg_zfill(k_raw + r * K::d + c, kbase + row * args.k.stride_seq + c, in ? 16 : 0);
-  }
-  for (int e = threadIdx.x; e < C * VC; e += NT) {
-    const int r = e / VC, c = 8 * (e - r * VC);
-    const int bytes = r < n ? 2 * max(0, min(8, K::dv - (c0 + c))) : 0;
-    mma::cp_async_cg_zfill(v_raw + r * DVB + c, bytes > 0 ? vbase + (long long)r * args.v.stride_seq + c : vbase, bytes);
-  }
+  cp_async_rows<T, NT, C, K::d, K::d, true>(q_raw, qbase, args.q.stride_seq, n, K::d);
+  cp_async_rows<T, NT, C, K::d, K::d, true>(k_raw, kbase, args.k.stride_seq, n, K::d);
+  cp_async_rows<T, NT, C, DVB, DVB, false>(v_raw, vbase, args.v.stride_seq, n, K::dv - c0);
   mma::cp_async_commit();
 }
 }  // namespace mma_detail
