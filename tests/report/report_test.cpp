@@ -320,6 +320,95 @@ $L__BB0_1:
   EXPECT_FALSE(ptx_census(ptx, "_Zmissing").found);
 }
 
+// A kernel is its entry and the functions it calls: NVRTC's PTX declares a
+// .func before the entries (a prototype, not counted), defines it after its
+// caller, and spells a call over several lines. Each reached function counts
+// once however many call sites; a function only another entry calls, a
+// declared-only extern and an indirect call are not followed.
+TEST(PtxCensus, FollowsDirectCallsIntoFunctionsOnce) {
+  const std::string ptx = R"(
+.version 8.8
+.target sm_90
+.func  (.param .b32 func_retval0) _Zwalk
+(
+	.param .b64 _Zwalk_param_0
+)
+;
+.extern .func _Zextern
+(
+	.param .b64 p
+)
+;
+.weak .entry _Zkernel(
+	.param .align 8 .b8 _Zkernel_param_0[64]
+)
+.maxntid 256, 1, 1
+{
+	.reg .b32 	%r<9>;
+	ld.global.u32 	%r1, [%rd1];
+	{ // callseq 0, 0
+	.param .b64 param0;
+	st.param.b64 	[param0+0], %rd2;
+	.param .b32 retval0;
+	call.uni (retval0), 
+	_Zwalk, 
+	(
+	param0
+	);
+	ld.param.b32 	%r2, [retval0+0];
+	} // callseq 0
+	@%p1 call.uni (retval0), _Zwalk, (param0);
+	call.uni _Zextern, (param0);
+	call (retval0), %rd5, (param0), prototype_0;
+	ret;
+}
+.weak .entry _Zother(
+	.param .u64 p
+)
+{
+	call.uni _Zonly_other, (param0);
+	ret;
+}
+.func  (.param .b32 func_retval0) _Zwalk(
+	.param .b64 _Zwalk_param_0
+)
+{
+	mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1, %f2, %f3, %f4}, {%r4, %r5, %r6, %r7}, {%r8, %r9}, {%f1, %f2, %f3, %f4};
+	cp.async.cg.shared.global [%r11], [%rd2], 16;
+	call.uni _Zleaf, ();
+	call.uni _Zwalk, (param0);
+	ret;
+}
+.func _Zleaf()
+{
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r4, %r5, %r6, %r7}, [%r10];
+	ret;
+}
+.func _Zonly_other()
+{
+	fma.rn.f32 	%f8, %f5, %f6, %f8;
+	ret;
+}
+)";
+  const PtxCensus c = ptx_census(ptx, "_Zkernel");
+  ASSERT_TRUE(c.found);
+  EXPECT_EQ(c.ld_global, 1);
+  EXPECT_EQ(c.mma, 1);       // _Zwalk once: three call sites, one of them its own
+  EXPECT_EQ(c.cp_async, 1);
+  EXPECT_EQ(c.ldmatrix, 1);  // _Zleaf, called from _Zwalk
+  EXPECT_EQ(c.fma, 0);       // _Zonly_other belongs to _Zother
+  EXPECT_EQ(c.functions, 2);
+  EXPECT_EQ(c.indirect_calls, 1);
+  EXPECT_EQ(kernel_bodies(ptx, "_Zkernel").size(), 3u);
+  const PtxCensus other = ptx_census(ptx, "_Zother");
+  EXPECT_EQ(other.fma, 1);
+  EXPECT_EQ(other.mma, 0);
+  EXPECT_EQ(other.functions, 1);
+  // Counting the entry's body alone (the census before calls were followed)
+  // would report the kernel with no mma at all.
+  EXPECT_TRUE(kernel_bodies(ptx, "_Zmissing").empty());
+}
+
 TEST(Shapes, ParseAndReject) {
   auto s = parse_shapes("2,8,1024;1,16,4096").value_or_throw();
   ASSERT_EQ(s.size(), 2u);
@@ -402,6 +491,55 @@ TEST_F(ReportFiles, ValidatesAgainstTheSchema) {
   const fs::path bad_path = dir_ / "bad.json";
   std::ofstream(bad_path) << bad.dump();
   EXPECT_EQ(run(fmt::format("{} {} {} {} 2>/dev/null", py, script, schema.string(), bad_path.string())), 1);
+}
+
+// The census is the whole kernel's, out-of-line functions included. The
+// default causal spec's kernels keep their work in __noinline__ functions:
+// the backward's chunk walks hold every mma of causal_dq and causal_dkv, the
+// forward's prefetch every cp.async of causal_chunk. A census of the .entry
+// bodies alone reported 0 mma and 0 cp.async for them.
+TEST(ReportCensus, CausalKernelsCountTheirOutOfLineWalks) {
+  const fs::path dir = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("census-{}", ::getpid());
+  fs::remove_all(dir);
+  const fs::path empty_cache = dir / "empty-cache";  // default (untuned) configs, as ReportFiles
+  fs::create_directories(empty_cache);
+  fs::permissions(empty_cache, fs::perms::owner_all);
+  const char* old_env = std::getenv("LUNAJIT_CACHE_DIR");
+  const std::string old_dir = old_env != nullptr ? old_env : "";
+  static BinaryCache binaries(BinaryCache::default_dir());
+  ::setenv("LUNAJIT_CACHE_DIR", empty_cache.c_str(), 1);
+  ReportOptions opt;
+  opt.cache = &binaries;
+  for (int sm : {80, 90}) opt.archs.push_back(arch_from_sm(sm).value_or_throw());
+  opt.shapes = parse_shapes("1,2,256").value_or_throw();
+  opt.measure = false;
+  AttentionSpec spec = default_spec(Family::luna);
+  spec.causal = true;
+  auto r = build_report(spec, opt);
+  if (old_env != nullptr) ::setenv("LUNAJIT_CACHE_DIR", old_dir.c_str(), 1);
+  else ::unsetenv("LUNAJIT_CACHE_DIR");
+  ASSERT_TRUE(r) << r.error().message;
+  std::set<std::string> seen;
+  for (const json& k : r->at("kernels")) {
+    const std::string role = k.at("kernel").get<std::string>();
+    const std::string where = k.at("arch").get<std::string>() + " " + role;
+    ASSERT_FALSE(k.at("ptx_census").is_null()) << where;
+    const json& c = k.at("ptx_census");
+    if (role == "causal_dq" || role == "causal_dkv") {
+      seen.insert(role);
+      EXPECT_GE(c.at("functions").get<int64_t>(), 1) << where << ": the chunk walk is out of line";
+      EXPECT_GT(c.at("mma").get<int64_t>(), 0) << where;
+      EXPECT_GT(c.at("ldmatrix").get<int64_t>(), 0) << where;
+    }
+    if (role == "causal_chunk") {
+      seen.insert(role);
+      EXPECT_GT(c.at("mma").get<int64_t>(), 0) << where;
+      EXPECT_GT(c.at("cp_async").get<int64_t>(), 0) << where << ": the next chunk's prefetch";
+    }
+    EXPECT_EQ(c.at("indirect_calls").get<int64_t>(), 0) << where;
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"causal_chunk", "causal_dq", "causal_dkv"}));
+  fs::remove_all(dir);
 }
 
 // --bank-profile: the host-profiled bank conflicts, valid against the schema,
@@ -504,6 +642,18 @@ TEST_F(ReportFiles, PredictedWithoutAGpuForEveryArchAndKernel) {
     ASSERT_FALSE(k["ptx_census"].is_null()) << k["kernel"];
     EXPECT_GT(k["ptx_census"]["ld_global"].get<int64_t>() + k["ptx_census"]["ld_shared"].get<int64_t>(), 0)
         << k["kernel"] << ": a kernel that loads nothing";
+    // Every GEMM-shaped kernel of a tensor-core config shows its mma and
+    // ldmatrix; the causal kernels: ReportCensus below.
+    const std::string role = k["kernel"].get<std::string>();
+    const std::set<std::string> gemm = {"state",  "output", "causal_chunk", "dq",
+                                        "dkv",    "dstate", "causal_dq",    "causal_dkv"};
+    if (config.mma() && gemm.count(role)) {
+      EXPECT_GT(k["ptx_census"]["mma"].get<int64_t>(), 0) << k["pass"] << " " << role << " " << k["arch"];
+      EXPECT_GT(k["ptx_census"]["ldmatrix"].get<int64_t>(), 0) << k["pass"] << " " << role << " " << k["arch"];
+    }
+    if (!gemm.count(role)) {
+      EXPECT_EQ(k["ptx_census"]["mma"].get<int64_t>(), 0) << k["pass"] << " " << role;
+    }
   }
   EXPECT_EQ(archs, (std::set<std::string>{"sm_80", "sm_90", "sm_100"}));
   EXPECT_TRUE(roles.count("feature_map:feature_map"));

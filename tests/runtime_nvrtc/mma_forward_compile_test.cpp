@@ -16,17 +16,21 @@
 #include "codegen/cost_model.h"
 #include "codegen/generator.h"
 #include "codegen/launch_plan.h"
+#include "report/ptx_census.h"
 #include "runtime/nvrtc_compiler.h"
 
 namespace lunajit {
 namespace {
 
-// The PTX of one .entry: from its header to the next .entry (or the end).
-std::string entry_text(const std::string& ptx, const std::string& lowered) {
-  const auto at = ptx.find(".entry " + lowered);
-  if (at == std::string::npos) return {};
-  const auto next = ptx.find(".entry ", at + 7);
-  return ptx.substr(at, next == std::string::npos ? std::string::npos : next - at);
+// The PTX of one kernel: its .entry and every function it calls, each once
+// (report/ptx_census.h; the causal walks are out-of-line functions).
+std::string kernel_text(const std::string& ptx, const std::string& lowered) {
+  std::string text;
+  for (const std::string_view body : report::kernel_bodies(ptx, lowered)) {
+    text += body;
+    text += '\n';
+  }
+  return text;
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -65,7 +69,7 @@ TEST_P(MmaForwardNvrtc, TensorCoreKernelsUseMmaAndNothingSpills) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     ASSERT_EQ(r->resources.size(), src.entries.size());
     for (const KernelResources& res : r->resources) {
-      const Census c = census(entry_text(r->ptx, res.lowered_name));
+      const Census c = census(kernel_text(r->ptx, res.lowered_name));
       int64_t dyn_smem = -1;  // dynamic shared memory of the entry's role (launch_plan)
       std::string role;
       for (const KernelEntry& e : src.entries)
@@ -133,7 +137,7 @@ TEST(MmaBackwardNvrtc, GemmShapedKernelsUseMmaAndNothingSpills) {
       std::string role;
       for (const KernelEntry& e : src.entries)
         if (e.name_expression == res.name_expression) role = e.role;
-      const Census c = census(entry_text(r->ptx, res.lowered_name));
+      const Census c = census(kernel_text(r->ptx, res.lowered_name));
       std::printf("sm_%d %s %s backward %-12s %-45s regs %3d smem %6lld spill st/ld %d/%d  mma %3d ldmatrix %3d fma "
                   "%4d ld.shared %4d ld.global %3d\n",
                   sm, std::string(to_string(dtype)).c_str(), causal ? "causal" : "non-causal", role.c_str(), res.name_expression.c_str(), res.registers,
@@ -175,7 +179,7 @@ TEST(MmaFeatureMapNvrtc, CostModelAgreesWithTheTemplate) {
     if (!r.ok()) return -1;
     for (const KernelResources& res : r->resources)
       if (res.name_expression.rfind("lunajit::mma_state_kernel", 0) == 0)
-        return count(entry_text(r->ptx, res.lowered_name), "mma.sync");
+        return count(kernel_text(r->ptx, res.lowered_name), "mma.sync");
     ADD_FAILURE() << "no mma_state_kernel";
     return -1;
   };
@@ -267,7 +271,7 @@ TEST(MmaJacobianNvrtc, HostAgreesWithTheTemplate) {
       const bool dq = res.name_expression.rfind("lunajit::mma_dq_kernel", 0) == 0;
       const bool dkv = res.name_expression.rfind("lunajit::mma_dkv_kernel", 0) == 0;
       if (!dq && !dkv) continue;
-      const int k8 = count(entry_text(r->ptx, res.lowered_name), "mma.sync.aligned.m16n8k8");
+      const int k8 = count(kernel_text(r->ptx, res.lowered_name), "mma.sync.aligned.m16n8k8");
       const int expect = 3 * (spec.luna.channels / 8) * (spec.luna.mlp_width / 8);
       const int dx_k8 = 3 * ((spec.luna.projections + 7) / 8);
       std::printf("%-28s %s m16n8k8 %3d (model: J^T on tensor cores %d, %d per loop body) regs %d spills %d\n", v.what,
@@ -304,7 +308,7 @@ TEST(MmaBackwardFeatureMapNvrtc, CostModelAgreesWithTheTemplate) {
     if (!r.ok()) return out;
     for (const KernelResources& res : r->resources) {
       for (const char* k : {"lunajit::mma_backward_state_kernel", "lunajit::mma_dstate_kernel"})
-        if (res.name_expression.rfind(k, 0) == 0) out[k] = count(entry_text(r->ptx, res.lowered_name), "mma.sync");
+        if (res.name_expression.rfind(k, 0) == 0) out[k] = count(kernel_text(r->ptx, res.lowered_name), "mma.sync");
     }
     return out;
   };
