@@ -365,7 +365,13 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // each K / 16 k16 steps of three split products; the rest of the intra-chunk terms fp32.
     const double mt = std::ceil(cc / 16), items = nt * mt * (mt + 1);
     const double scores_tc = items * (D + dv) / 16 * 3 * (2 * 16 * 8 * 16);
-    const double intra = tri_all * (dq ? 0 : 1) + tri_all * (dq ? 2 * D + norm : 2 * D + 2 * dv);
+    // The intra-chunk products (IntraChunkTerms: dq's B Phi_k, dkv's B^T Phi_q and A^T G) on
+    // mma: per chunk ks = mt (mt + 1) / 2 (m-tile, k16 step) pairs that can hold kept
+    // entries, each Wd / 8 n-tiles of three split terms (Wd: D in dq, D + dv in dkv).
+    const double ks = mt * (mt + 1) / 2;
+    const double intra_tc = nt * ks * (dq ? D : D + dv) / 8 * 3 * (2 * 16 * 8 * 16);
+    // On CUDA cores: dq's den row sums (nrm), dkv's + r_i on B.
+    const double intra = tri_all * (dq ? norm : 1) + intra_tc;
     const double updates = nt - live_ranges;  // every chunk but each range's last
     const double update = 2 * N * D * (dv + 1) * updates / nt;
     const double inter = (dq ? 2 * N * D * dv + 2 * N * D * (dv + 1) : 4 * N * D * dv) + update;
@@ -373,7 +379,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
                             : (fp16 ? 3 : 2) * 2 * N * D * dv + 3 * 2 * N * D * dv + 3 * update;
     const double J = dq ? Jq : Jk;
     k.flops = BH * (N * (Fq + Fk + grad_row + (dq ? den_row + D * norm : D) + J) + intra + scores_tc + inter);
-    sp.scores_tc = BH * scores_tc;
+    sp.scores_tc = BH * (scores_tc + intra_tc);
     sp.fm = BH * N * (Fq + Fk + (jt_tc ? 0 : J));
     sp.jt_tc = jt_tc ? BH * N * (dq ? JQ : JK).tc_flops : 0;
     sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts : 0;
@@ -388,16 +394,27 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     // (backward_phi_stride: D + 8 floats apart; causal_dkv keeps phi(q)'s at
     // D, registers), else 8 (a fragment's rows at the D-float stride share
     // banks); 2 from G's and V's (backward_value_stride: dv + 8 floats apart),
-    // and 4 stores per item and score tile (2 wavefronts: the padded rows). The epilogues' sums (dphi in both walks, dv in dkv)
-    // step over the rows of an 8-row fragment group together: row i takes
-    // min((i | 7) + 1, cc) steps (dq) or as many from the other end (dkv),
-    // sum_i = cc^2 / 2 + 4 cc for cc a multiple of 8.
-    const double epi_all = nt * (cc * cc / 2 + 4 * cc);
+    // and 2 pair stores per item and score tile (2 wavefronts in causal_dq,
+    // rows C + 8 floats apart; 4 in causal_dkv, C + 4: CausalRangeBlock::CS),
+    // the den row sums' reads (dq, 4-way at C + 8). The intra-chunk products (IntraChunkTerms)
+    // per (m-tile, k16 step): each of the wn warps sharing the m-tile loads its
+    // A fragment from a scores tile (dq: 4 pair loads, 2 wavefronts each; dkv's
+    // transposed reads: 8 scalar loads, conflict-free at CS), and each n-tile
+    // its B fragment, 4 scalar k-pair loads of one column: 2 wavefronts at a
+    // row stride 8 mod 32 floats (padded phi, G), 4 at D (causal_dkv's phi(q)).
     const bool padded = backward_phi_stride(s, c) > D;
     const double wk = padded ? 2 : 8, wq = padded && dq ? 2 : 8;
     const double wv = backward_value_stride(s, c) > dv ? 2 : 8;
-    const double scores_wave = items * (D / 16 * (4 * wq + 2 * wk) + dv / 16 * 6 * wv + 2 * 4 * 2);
-    const double intra_issued = 32 * scores_wave + 2 * (dq ? D : D + dv) * epi_all + (dq ? tri_all * norm : 0);
+    const double scores_wave = items * (D / 16 * (4 * wq + 2 * wk) + dv / 16 * 6 * wv + 2 * 2 * (dq ? 2 : 4));
+    const auto warps_n = [&](int width) {
+      return double(mma_warp_tiling(KernelKind::output, s.feature_dim(), width, int(cc), c.warps()).warps_n);
+    };
+    const double yq = padded ? 2 : 4, yv = backward_value_stride(s, c) > dv ? 2 : 4;
+    const double intra_wave =
+        nt * ks *
+        (dq ? warps_n(s.feature_dim()) * 4 * 2 + D / 8 * 4 * yq
+            : warps_n(s.feature_dim()) * 8 + D / 8 * 4 * 4 + warps_n(s.value_dim) * 8 + dv / 8 * 4 * yv);
+    const double intra_issued = 32 * (scores_wave + intra_wave) + (dq ? 4 * tri_all * norm : 0);
     // Per update: the fp32 state's 64-bit read-modify-write (2), the restaging's
     // read of S and its hi + lo writes (2; its block max comes from the update's
     // own values, write_state_partial), dq's add into the range's dS (2).

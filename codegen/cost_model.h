@@ -235,28 +235,39 @@
 //                       = nt mt (mt + 1) (m-tile, n-tile) items with kept entries, mt =
 //                       ceil(c / 16), each (D + dv) / 16 k16 steps of three split terms:
 //                       it (D + dv) / 16 * 3 * 4096 executed FLOPs
-//                 fp32 tiles (1 wavefront per 32 FLOP-equivalents, as issued; epi =
-//                       nt (c^2 / 2 + 4c): the epilogues step over 8-row fragment groups):
-//                       32 it (D / 16 * (4 wq + 2 wk) + dv / 16 * 6 wv + 16) (the scores'
-//                       fragment loads from the fp32 tiles, and their stores; wk = 2
+//                       + the intra-chunk products (IntraChunkTerms): ks = mt (mt + 1) / 2
+//                       (m-tile, k16 step) pairs per chunk, each D / 8 n-tiles of three
+//                       split terms: nt ks D / 8 * 3 * 4096 executed FLOPs
+//                 fp32 tiles (1 wavefront per 32 FLOP-equivalents, as issued):
+//                       32 it (D / 16 * (4 wq + 2 wk) + dv / 16 * 6 wv + 8) (the scores'
+//                       fragment loads from the fp32 tiles, and their pair stores at
+//                       2 wavefronts, rows c + 8 floats apart; wk = 2
 //                       where phi's rows are padded, backward_phi_stride, wq too in
 //                       causal_dq (causal_dkv keeps phi(q)'s rows D apart), else 8: a
 //                       fragment's rows at the D-float stride share banks; wv = 2,
 //                       G's and V's rows dv + 8 apart, backward_value_stride; 8 at dv)
-//                       + 2D epi (dphi) + tri_all nrm (den)
+//                       + 32 nt ks (wn 4 * 2 + D / 8 * 4 yq) (the intra-chunk fragments:
+//                       per (m-tile, k-step) each of the wn warps of the output tiling
+//                       loads A from the scores as 4 pairs, each n-tile B as 4 k-pair
+//                       scalars, yq = 2 for phi(k)'s padded rows, 4 at D)
+//                       + 4 tri_all nrm (den's row sums, 4-way at c + 8)
 //                       + 6 D dv upd (the update's adds 2, the restaged hi + lo 2: S read
 //                       once, the block max from the update's values; dS summed 2)
 //                       (the emulator's count of block (0,0,0), default LUNA bf16, C 16:
-//                       the scores' fragment loads 768 wavefronts, the dphi epilogue 768,
-//                       as this says; the fp32 dot products the scores were before
-//                       issued 2,048)
+//                       the scores' fragment loads 768 wavefronts, as this says; the
+//                       fp32 dot products the scores were before issued 2,048; the
+//                       fp32 dphi epilogue the intra-chunk products replaced, 768)
 //                 flops = the above + BH N (Fq + Fk + grad row + den row + nrm D + Jq)
 //                 serial steps pr (the walk)
 //   causal_dkv    bytes = BH N (3d + 3dv) e + nrm 8 BH N + 4 P Hp + 4 BH R part + 4 Pl BH R
 //                 mma:  4 N D dv (V dS^T two terms bf16, three fp16; Phi_k dS three)
 //                       + U (dS += Phi_q^T [G | r], three)
 //                       + the scores (B = G V^T + r), as causal_dq
-//                 fp32 tiles: the scores as causal_dq + (2D + 2dv) epi (dphi, dv)
+//                       + the intra-chunk products as causal_dq over (D + dv) / 8 n-tiles
+//                 fp32 tiles: the scores as causal_dq (stores 4 wavefronts: rows c + 4
+//                       apart) + 32 nt ks (wn_D 8 + D / 8 * 4 * 4 + wn_dv 8 + dv / 8 * 4 yv)
+//                       (A: 8 transposed scalar loads, conflict-free at c + 4; B: phi(q)'s
+//                       rows D apart 4-way, G's yv = 2 at dv + 8, 4 at dv)
 //                       + 4 D dv upd (as issued: no dS sum)
 //                 flops = the above + BH N (Fq + Fk + grad row + D + Jk); serial steps pr
 //   param_reduce  (learned families only) with slots = 2 BH nt (non-causal), 2 BH R

@@ -143,8 +143,9 @@ BackwardDims backward_dims(const AttentionSpec& spec, const TileConfig& c) {
                       /*jt_stage=*/0,
                       // The tensor-core backward stages fp16 V as bf16 hi + lo.
                       c.mma() && spec.dtype == DType::fp16 ? 1 : 0,
-                      // The tensor-core causal kernels pad the scores' rows by one float.
-                      c.mma() && spec.causal ? 1 : 0,
+                      // The tensor-core causal kernels pad the scores' rows by up to eight
+                      // floats (CausalRangeBlock::CS).
+                      c.mma() && spec.causal ? 8 : 0,
                       // The non-causal tensor-core dq / dkv copy the staged state: no fp32 state tile.
                       c.mma() && !spec.causal ? 1 : 0,
                       backward_phi_stride(spec, c),

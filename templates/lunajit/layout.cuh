@@ -322,7 +322,7 @@ struct BackwardDims {
   int running_max = 0;  // 1: causal performer (kstab, kmax, qsum, vsum tiles)
   int jt_stage = 0;     // floats of the tensor-core J^T's staging (luna_jt_stage_floats), 0: none
   int split_v = 0;      // 1: fp16 I/O on tensor cores: V staged as bf16 hi + lo (a_lo in dkv)
-  int score_pad = 0;    // causal scores' row stride t + score_pad (1: the tensor-core causal kernels)
+  int score_pad = 0;    // causal scores' rows allocated t + score_pad floats (8: the tensor-core causal kernels)
   int staged_state = 0; // 1: the non-causal tensor-core dq / dkv copy the state's pre-split hi + lo words
                         // from the workspace (backward_staged_floats): no fp32 state tile
   int phi_stride = 0;   // row stride (floats) of the fp32 phi and dphi tiles; 0: D. The tensor-core

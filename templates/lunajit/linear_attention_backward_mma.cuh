@@ -42,6 +42,14 @@ namespace mma_detail {
 // included (the caller masks them). An epilogue wrapped by pair_epilogue gets
 // a fragment row's two adjacent entries at once, epi(row, column, v0, v1)
 // for (column, column + 1): one 64-bit store where the tile takes them.
+// `extra(acc, m0, n_first, lane)` runs on each m-tile's accumulators before
+// the epilogue sees them (more mma terms into the same fragments: the causal
+// walks' intra-chunk products, IntraChunkTerms); the default adds nothing.
+struct NoExtraTerms {
+  template <int NPW>
+  LUNAJIT_DEVICE void operator()(float (&)[NPW][4], int, int, int) const {}
+};
+
 template <class F>
 struct PairEpilogue {
   F f;
@@ -59,9 +67,10 @@ struct IsPairEpilogue<PairEpilogue<F>> {
   static constexpr bool value = true;
 };
 
-template <class T, int WM, int MPW, int NPW, int KD, int PA, int PB, bool kNMajorB, int NTERMS, class Epi>
+template <class T, int WM, int MPW, int NPW, int KD, int PA, int PB, bool kNMajorB, int NTERMS, class Epi,
+          class Extra = NoExtraTerms>
 LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* const (&b)[NTERMS], int wm, int wn,
-                                      int lane, const Epi& epi) {
+                                      int lane, const Epi& epi, const Extra& extra = Extra{}) {
   const int lm = lane >> 3, lr = lane & 7;
   const int n_first = wn * NPW * 8;
   for (int i = 0; i < MPW; ++i) {
@@ -81,6 +90,7 @@ LUNAJIT_DEVICE void row_tile_products(const T* const (&a)[NTERMS], const T* cons
         b_tiles<T, NPW, PB, kNMajorB>(acc, af, kNMajorB ? b[p] + n_first * PB + k0 : b[p] + k0 * PB + n_first, lm, lr);
       }
     }
+    extra(acc, m0, n_first, lane);
     const int g = lane >> 2, t = lane & 3;
     if constexpr (IsPairEpilogue<Epi>::value) {
 #pragma unroll
@@ -139,14 +149,76 @@ LUNAJIT_DEVICE void masked_scores(const float* x, const float* y, float* out, in
       }
     }
     // C fragment: q = 0, 1 row m0 + g, q = 2, 3 row m0 + g + 8; column n0 + 2t + (q & 1).
+    // Stored as 64-bit pairs (j, j + 1): CS is even.
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int i = m0 + g + 8 * (q >> 1), j = n0 + 2 * t + (q & 1);
-      const bool kept = j <= i && i < valid;
-      out[i * CS + j] = kept ? (add_row != nullptr ? acc[q] + add_row[i] : acc[q]) : 0.0f;
+    for (int h = 0; h < 2; ++h) {
+      const int i = m0 + g + 8 * h, j = n0 + 2 * t;
+      const float add = add_row != nullptr && i < valid ? add_row[i] : 0.0f;
+      const float v0 = j <= i && i < valid ? acc[2 * h] + add : 0.0f;
+      const float v1 = j + 1 <= i && i < valid ? acc[2 * h + 1] + add : 0.0f;
+      store_pair(out + i * CS + j, v0, v1);
     }
   }
 }
+
+// The causal walks' intra-chunk products on mma, as row_tile_products' extra
+// terms (docs/MATH.md "Tensor-core causal backward"). First the accumulators
+// (the inter-chunk product of the staged 2^-a S) times `unscale` = 2^a
+// (exact), then, with P the C x C fp32 scores tile as masked_scores wrote it
+// (0 outside the kept entries, CS floats a row: CausalRangeBlock) and Y an fp32 (C, n)
+// tile YS floats a row whose rows >= valid count as 0:
+//   kTransposed = false (causal_dq's dphi(q)):  acc(i, f) += sum_j P[i CS + j] Y[j YS + f]
+//   kTransposed = true  (causal_dkv's dphi(k) and dv):  acc(j, f) += sum_i P[i CS + j] Y[i YS + f]
+// Both operands split into bf16 hi + lo in registers (Y's fragments are
+// k-pairs of one column, two scalar loads), the three significant split products per k16
+// step (hi hi, hi lo, lo hi) into the same fp32 accumulators: 2^-16-relative
+// terms, as the scores and the inter-chunk products. Only the k-steps that
+// can hold kept entries run (dq: k0 <= m0; dkv: k0 >= m0). Before, every
+// fragment entry summed its terms in fp32 on CUDA cores, one P and one Y
+// load per FMA: the largest shared-memory term left in the walks.
+template <class T, int C, int CS, int YS, bool kTransposed>
+struct IntraChunkTerms {
+  const float* P;
+  const float* Y;
+  int valid;
+  float unscale;
+  template <int NPW>
+  LUNAJIT_DEVICE void operator()(float (&acc)[NPW][4], int m0, int n_first, int lane) const {
+    static_assert(C % 16 == 0, "whole k16 steps over the chunk");
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] *= unscale;
+    const int k_begin = kTransposed ? m0 : 0, k_end = kTransposed ? C : m0 + 16;
+    for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+      // A(row, k) = P[row][k] (dq: (k, k + 1) as one 64-bit load) or P[k][row]
+      // (dkv): rows m0 + g (+ 8), k k0 + 2t (+ 1) (+ 8).
+      const auto p = [&](int row, int k) {
+        if constexpr (kTransposed) return make_float2(P[k * CS + row], P[(k + 1) * CS + row]);
+        else return load_pair(P + row * CS + k);
+      };
+      unsigned ahi[4], alo[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float2 v = p(m0 + g + 8 * (r & 1), k0 + 2 * t + 8 * (r >> 1));
+        split_bf16x2(v.x, v.y, ahi[r], alo[r]);
+      }
+      // B(k, n) = Y[k][n]: k k0 + 2t (+ 1) (+ 8), n the n-tile's column g.
+      const auto y = [&](int k, int n) { return k < valid ? Y[k * YS + n] : 0.0f; };
+#pragma unroll
+      for (int j = 0; j < NPW; ++j) {
+        const int n = n_first + 8 * j + g;
+        unsigned bhi[2], blo[2];
+        split_bf16x2(y(k0 + 2 * t, n), y(k0 + 2 * t + 1, n), bhi[0], blo[0]);
+        split_bf16x2(y(k0 + 2 * t + 8, n), y(k0 + 2 * t + 9, n), bhi[1], blo[1]);
+        mma::mma_m16n8k16<T>(acc[j], ahi, bhi, acc[j]);
+        mma::mma_m16n8k16<T>(acc[j], ahi, blo, acc[j]);
+        mma::mma_m16n8k16<T>(acc[j], alo, bhi, acc[j]);
+      }
+    }
+  }
+};
 
 // [dS | dz] += Phi_q^T [G | r] with every operand a bf16 hi + lo pair: the
 // three significant products hi hi, hi lo, lo hi (lo lo is below 2^-16
@@ -272,7 +344,7 @@ struct BackwardMmaTraits {
     BackwardDims p = BackwardTraits<K>::dims();
     p.jt_stage = FMB::kStageFloats;
     p.split_v = kSplitV ? 1 : 0;
-    p.score_pad = K::causal ? 1 : 0;
+    p.score_pad = K::causal ? 8 : 0;
     p.staged_state = BackwardTraits<K>::kStaged ? 1 : 0;
     p.phi_stride = PS;
     p.value_stride = VS;
@@ -631,7 +703,13 @@ struct CausalRangeBlock {
   using Tr = BackwardTraits<K>;
   using M = BackwardMmaTraits<K>;
   static constexpr int C = M::Tk, D = K::D, DV = K::dv, NT = K::threads, PV = M::PV;
-  static constexpr int CS = C + 1;  // A and B rows padded by one float (conflict-free column walks)
+  // The A and B tiles' row stride (the layout holds C + 8 floats a row,
+  // score_pad): IntraChunkTerms reads causal_dq's rows as 64-bit pairs, conflict-free at
+  // C + 8 (8 mod 32 floats), and causal_dkv's transposed (rows 2t, column g),
+  // conflict-free at C + 4 (4 mod 32); masked_scores' pair stores are
+  // conflict-free at C + 8 and 2-way at C + 4. At C + 1 (for the fp32
+  // epilogues' column walks these replaced) both reads were 4-way.
+  static constexpr int CS = kKind == BackwardKind::causal_dq ? C + 8 : C + 4;
   static constexpr long long kPart = (long long)D * DV + D;
   static constexpr BackwardMmaSmem LM = M::layout(kKind);
   static constexpr BackwardSmem L = LM.base;
@@ -811,27 +889,15 @@ __device__ __noinline__ bool mma_causal_dq_chunk(const BackwardArgs& args) {
   mma_detail::split_rows<NT, DV, PV, VS>(g, a_hw, a_lw, valid, C);
   mma_detail::split_rows<NT, D, PD, M::PS>(phi_q, phi_hw, phi_lw, valid, C);
   __syncthreads();
-  {  // dphi(q): inter-chunk on mma (as mma_dq_kernel), intra-chunk fp32 in the epilogue
+  {  // dphi(q) = 2^a G S~^T + B Phi_k: inter-chunk (as mma_dq_kernel) and intra-chunk, both on mma
     const Op* const as[3] = {g_hi, g_hi, g_lo};
     const Op* const bs[3] = {s_hi, s_lo, s_hi};
     mma_detail::row_tile_products<Op, W.warps_m, W.m_tiles_per_warp, W.n_tiles_per_warp, DV, PV, PV, true>(
         as, bs, warp % W.warps_m, warp / W.warps_m, lane,
         mma_detail::pair_epilogue([&](int i, int f, float x0, float x1) {
-          if (i < valid) {
-            float s0 = x0 * unscale, s1 = x1 * unscale;
-            // The 8 rows of a fragment (i | 7 alike) walk the same j: one
-            // phi(k) row per step (B is 0 past the diagonal), columns f and
-            // f + 1 as one 64-bit load.
-            const int j_end = min(i | 7, valid - 1);
-            for (int j = 0; j <= j_end; ++j) {
-              const float b_ij = B[i * CS + j];
-              const float2 pk = mma_detail::load_pair(phi_k + j * M::PS + f);
-              s0 = fmaf(b_ij, pk.x, s0);
-              s1 = fmaf(b_ij, pk.y, s1);
-            }
-            mma_detail::store_pair(dphi + i * M::PS + f, s0, s1);
-          }
-        }));
+          if (i < valid) mma_detail::store_pair(dphi + i * M::PS + f, x0, x1);
+        }),
+        mma_detail::IntraChunkTerms<Op, C, CS, M::PS, false>{B, phi_k, valid, unscale});
   }
   __syncthreads();
   causal_query_r<K, M::PS>(phi_q, phi_k, z, dphi, den, r, a.workspace + w.r + bh * ws_seq + t0, valid);
@@ -986,42 +1052,31 @@ __device__ __noinline__ bool mma_causal_dkv_chunk(const BackwardArgs& args) {
     mma_detail::round_rows<T, NT, DV, PV, VS>(v, a_hw, valid, C);  // exact
   mma_detail::split_rows<NT, D, PD, M::PS>(phi_k, phi_hw, phi_lw, valid, C);
   __syncthreads();
+  // dphi(k) = 2^a V dS~^T + B^T Phi_q + dz and dv = 2^a Phi_k dS~ + A^T G:
+  // inter-chunk (as mma_dkv_kernel) and intra-chunk, both on mma.
   const auto dphi_epi = mma_detail::pair_epilogue([&](int j, int f, float x0, float x1) {
-    if (j < valid) {
-      float s0 = fmaf(x0, unscale, dz[f]), s1 = fmaf(x1, unscale, dz[f + 1]);
-      // The 8 rows of a fragment (j & ~7 alike) walk the same i: one phi(q)
-      // row per step, not 8 rows a tile stride apart (A, B are 0 above the
-      // diagonal), columns f and f + 1 as one 64-bit load.
-      for (int i = j & ~7; i < valid; ++i) {
-        const float b_ij = B[i * CS + j];
-        const float2 pq = mma_detail::load_pair(phi_q + i * QS + f);
-        s0 = fmaf(b_ij, pq.x, s0);
-        s1 = fmaf(b_ij, pq.y, s1);
-      }
-      mma_detail::store_pair(dphi + j * M::PS + f, s0, s1);
-    }
+    if (j < valid) mma_detail::store_pair(dphi + j * M::PS + f, x0 + dz[f], x1 + dz[f + 1]);
   });
+  const mma_detail::IntraChunkTerms<Op, C, CS, QS, true> dphi_intra{B, phi_q, valid, unscale};
   if constexpr (M::kSplitV) {
     const Op* const vs[3] = {v_h, v_h, v_lo};
     const Op* const ss[3] = {s_hi, s_lo, s_hi};
     mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
-        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
+        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi, dphi_intra);
   } else {
     const Op* const vs[2] = {v_h, v_h};
     const Op* const ss[2] = {s_hi, s_lo};
     mma_detail::row_tile_products<Op, WD.warps_m, WD.m_tiles_per_warp, WD.n_tiles_per_warp, DV, PV, PV, true>(
-        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi);
+        vs, ss, warp % WD.warps_m, warp / WD.warps_m, lane, dphi_epi, dphi_intra);
   }
   const Op* const phis[3] = {phi_hi, phi_hi, phi_lo};
   const Op* const dss[3] = {s_hi, s_lo, s_hi};
   mma_detail::row_tile_products<Op, WV.warps_m, WV.m_tiles_per_warp, WV.n_tiles_per_warp, D, PD, PV, false>(
-      phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane, [&](int j, int c, float x) {
-        if (j < valid) {
-          float s = x * unscale;
-          for (int i = j & ~7; i < valid; ++i) s = fmaf(A[i * CS + j], g[i * VS + c], s);
-          dv_out[(long long)(off + t0 + j) * a.dv.stride_seq + c] = from_float<T>(s);
-        }
-      });
+      phis, dss, warp % WV.warps_m, warp / WV.warps_m, lane,
+      [&](int j, int c, float x) {
+        if (j < valid) dv_out[(long long)(off + t0 + j) * a.dv.stride_seq + c] = from_float<T>(x);
+      },
+      mma_detail::IntraChunkTerms<Op, C, CS, VS, true>{A, g, valid, unscale});
   __syncthreads();
   M::FMB::template backward<NT>(smem + L.x, phi_k, dphi, valid, ctx, smem + L.scratch, smem + L.bscratch,
                                 smem + L.dx, dparams, smem + LM.jt);

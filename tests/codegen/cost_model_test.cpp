@@ -251,13 +251,18 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
   // the intra-chunk scores A = Phi_q Phi_k^T and B = G V^T (masked_scores): 4
   // m-tiles of 16 rows, the (m-tile, 8-column n-tile) items on or below the
   // diagonal 2 + 4 + 6 + 8 = 20, each (D + dv) / 16 = 8 k16 steps of three
-  // split m16n8k16 products (4096 FLOPs): 20 * 8 * 3 * 4096 = 1,966,080.
+  // split m16n8k16 products (4096 FLOPs): 20 * 8 * 3 * 4096 = 1,966,080. And
+  // the intra-chunk products (IntraChunkTerms: dq's B Phi_k, dkv's B^T Phi_q
+  // and A^T G): the (m-tile, k16 step) pairs on or below the diagonal, 1 + 2 +
+  // 3 + 4 = 10, each over D / 8 (dq) or (D + dv) / 8 (dkv) n-tiles of three
+  // split products: 983,040 and 1,966,080.
   const double scores = 20 * 8 * 3 * 4096.0;
-  for (auto [role, gemm, terms] : {std::tuple{"causal_dq", N * 2 * D * dv + N * 2 * D * (dv + 1), 3.0},
-                                   std::tuple{"causal_dkv", N * 4 * D * dv, 2.5}}) {
+  for (auto [role, gemm, terms, intra] :
+       {std::tuple{"causal_dq", N * 2 * D * dv + N * 2 * D * (dv + 1), 3.0, 10 * (D / 8) * 3 * 4096.0},
+        std::tuple{"causal_dkv", N * 4 * D * dv, 2.5, 10 * ((D + dv) / 8) * 3 * 4096.0}}) {
     SCOPED_TRACE(role);
     const auto k = kernel_counts(causal, c, Pass::backward, role, shape).value_or_throw();
-    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 56320 + 2 * N * 26624 + scores);  // phi(q) and phi(k)
+    EXPECT_DOUBLE_EQ(k.tc_flops, terms * gemm + N * 56320 + 2 * N * 26624 + scores + intra);  // phi(q) and phi(k)
     EXPECT_DOUBLE_EQ(k.flops, k.tc_flops + k.cuda_flops);
     EXPECT_EQ(k.serial_steps, 1);  // one range of one chunk
     const auto scalar = kernel_counts(causal, c.with_mma(false), Pass::backward, role, shape).value_or_throw();
