@@ -24,10 +24,10 @@
 // then dx, dW and the envelope as the fp32 code (projection_gradients). Each
 // product sums the significant terms of the bf16 hi + lo split (hi hi, hi lo,
 // lo hi; u has two, x being exact), so every product is good to about 2^-16
-// relative, as the rest of the tensor-core backward. Items: a warp owns 16-row m-tiles (warp, warp + NW,
-// ...) and walks the projections in order; the per-lane partials are reduced
-// over the lanes by a fixed shuffle tree and over the warps in warp order into
-// dparams: bitwise deterministic.
+// relative, as the rest of the tensor-core backward. Items: (16-row m-tile,
+// projection) pairs, m-tile major, warp w taking items w, w + NW, ...; the
+// per-lane partials are reduced over the lanes by a fixed shuffle tree and
+// over the warps in warp order into dparams: bitwise deterministic.
 #pragma once
 
 #include "lunajit/feature_map_backward.cuh"
@@ -173,11 +173,15 @@ struct MmaFeatureBackward<K, TK, true> {
     unsigned* h_lo = h_hi + 16 * PH / 2;
     const T* dpre_hh = reinterpret_cast<const T*>(dpre_h);
     const T* dpre_lh = reinterpret_cast<const T*>(dpre_lo);
-    for (int m0 = warp * 16; m0 < valid; m0 += NW * 16) {  // warp-uniform
+    // (m-tile, projection) items, item = warp, warp + NW, ...: every warp
+    // takes a share even when the tile has one m-tile (the causal walks'
+    // 16-token chunks), where warp-owned m-tiles left all warps but one idle.
+    const int items = (valid + 15) / 16 * M;
+    for (int item = warp; item < items; item += NW) {  // warp-uniform
+      const int m0 = item / M * 16, i = item - item / M * M;
       const int r0 = m0 + g, r1 = m0 + g + 8;
       const bool v0 = r0 < valid, v1 = r1 < valid;
-#pragma unroll 1
-      for (int i = 0; i < M; ++i) {
+      {
         // Past the last row: u = 0 and dpre = 0 (the tiles' zero rows), so nothing accumulates.
         const float ug = v0 ? bs[r0 * S + 1 + i] : 0.0f, uh = v1 ? bs[r1 * S + 1 + i] : 0.0f;
         // dpre fragments: A of m16n8k8 (hi: regs 0, 1; lo: 2, 3) and B of m16n8k16 (k = rows).
@@ -262,16 +266,28 @@ struct MmaFeatureBackward<K, TK, true> {
           dw1[nj][c] += __shfl_xor_sync(0xffffffffu, dw1[nj][c], o);
           db1[nj][c] += __shfl_xor_sync(0xffffffffu, db1[nj][c], o);
         }
+    // Every lane of a t holds the sums now; lane (g, t) writes n-tiles nj = g
+    // (mod 8): one 64-bit store per 8 n-tiles instead of one per n-tile from
+    // the 4 lanes of g = 0. A warp without items holds zeros and writes
+    // nothing; the warp sum below reads the warps that had items.
     float* part = wstage;
-    if (g == 0) {
+    if (warp < items) {
 #pragma unroll
-      for (int nj = 0; nj < NJ; ++nj)
+      for (int nj0 = 0; nj0 < NJ; nj0 += 8) {
+        float w0 = 0.0f, w1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          part[8 * nj + 2 * t + c] = dw1[nj][c];
-          part[Hm + 8 * nj + 2 * t + c] = db1[nj][c];
+        for (int k = 0; k < 8 && nj0 + k < NJ; ++k)
+          if (g == k) {
+            w0 = dw1[nj0 + k][0];
+            w1 = dw1[nj0 + k][1];
+            b0 = db1[nj0 + k][0];
+            b1 = db1[nj0 + k][1];
+          }
+        if (nj0 + g < NJ) {
+          mma_detail::store_pair(part + 8 * (nj0 + g) + 2 * t, w0, w1);
+          mma_detail::store_pair(part + Hm + 8 * (nj0 + g) + 2 * t, b0, b1);
         }
-    }
+      }
 #pragma unroll
     for (int kk = 0; kk < KH; ++kk)
 #pragma unroll
@@ -281,11 +297,13 @@ struct MmaFeatureBackward<K, TK, true> {
           const int j = 16 * kk + g + 8 * (q >> 1), l = 8 * nl + 2 * t + (q & 1);
           part[2 * Hm + l * W2S + j] = dw2[kk][nl][q];
         }
+    }
     __syncthreads();
+    const int with_items = items < NW ? items : NW;
     for (int e = threadIdx.x; e < 2 * Hm + L * Hm; e += NT) {
       float s = 0.0f;
       const int at = e < 2 * Hm ? e : 2 * Hm + (e - 2 * Hm) / Hm * W2S + (e - 2 * Hm) % Hm;
-      for (int w = 0; w < NW; ++w) s += stage[2 * kDpreFloats + w * kWarpFloats + at];
+      for (int w = 0; w < with_items; ++w) s += stage[2 * kDpreFloats + w * kWarpFloats + at];
       const int dst = e < Hm ? FM::kW1 + e : e < 2 * Hm ? FM::kB1 + (e - Hm) : FM::kW2 + (e - 2 * Hm);
       dparams[dst] += s;
     }
