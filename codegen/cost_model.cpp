@@ -194,17 +194,19 @@ Jacobian jacobian_per_row(const AttentionSpec& s, bool tensor_cores, double F) {
     // (2 rows x hi, lo per 8 units) and read back (.trans x4, hi and lo, per 16 units), W1 and b1
     // (2 loads each per 8 units), u read and du written (2 each); per row dpre's fp32 passes (dphi,
     // phi read, dpre written, db2 read: 16 D bytes) and its hi + lo tiles (4 D bytes), x's bf16
-    // copy and its ldmatrix (2 d / 64), u's stores (M8 / 32); the tail, per 16 rows: dx per
+    // copy and its ldmatrix (2 d / 64), u's stores (M8 / 8: 4-way at bs's 2M + 1 stride); the tail, per 16 rows: dx per
     // 8-column n-tile 4 dU loads and 8 W wavefronts per k-step, 16 for its two 64-bit stores
     // (a fragment's rows share banks); dW per 16-column m-tile and k-step an ldmatrix.x4 (4)
     // and 4 dU loads at about 2 wavefronts each.
     const double per16 = 8 * (L / 8) + 4 * (Hm / 8) + 8 * (Hm / 16) + 4 * (Hm / 8) + 4;
-    const double tail_wave = (d / 8) * (12 * KM + 16) / 16 + (d / 16) * KM * 12 / 16;
-    j.wavefronts = M / 16 * per16 + 20 * D / 128 + 2 * d / 64 + M8 / 32 + tail_wave;
+    // The dU loads read bs's rows 2M + 1 floats apart: a fragment's lanes meet 4 to a bank
+    // (4 wavefronts each, the bank profile's count at the default).
+    const double tail_wave = (d / 8) * (24 * KM + 16) / 16 + (d / 16) * KM * 20 / 16;
+    j.wavefronts = M / 16 * per16 + 20 * D / 128 + 2 * d / 64 + M8 / 8 + tail_wave;
     j.sfu = M * Hm * (sfu_h + sfu_g) + soft * 2 * D;
     return j;
   }
-  // fp32 code, per item: u (2d); the MLP again (Hm (2 + act) + 2 Hm L); dpre (L (2 + out'));
+  // fp32 code (jacobian_per_tile adds nothing for it), per item: u (2d); the MLP again (Hm (2 + act) + 2 Hm L); dpre (L (2 + out'));
   // dh and du (Hm (2 L + 5 + act')); dW1, db1 recompute dh (Hm (2 L + 6 + act')); dW2 recomputes
   // h per channel (L Hm (4 + act)); db2 (L).
   const double item = 2 * d + Hm * (2 + act) + 2 * Hm * L + L * (2 + out) + Hm * (2 * L + 5 + actg) +
@@ -212,6 +214,19 @@ Jacobian jacobian_per_row(const AttentionSpec& s, bool tensor_cores, double F) {
   j.flops = M * item + tail + env;
   j.sfu = M * (Hm * (sfu_h + 2 * sfu_g) + L * Hm * sfu_h + 2 * soft * L);
   return j;
+}
+
+// Shared wavefronts of one call of the tensor-core J^T on a tile of `rows`
+// tokens by `warps` warps, beyond its per-row terms: the parameter-gradient
+// partials' reductions (the header's formula).
+double jacobian_per_tile(const AttentionSpec& s, double rows, double warps) {
+  const LunaOptions& o = s.luna;
+  const double d = s.head_dim, M = o.projections, L = o.channels, Hm = o.mlp_width;
+  const double KM = std::ceil(M / 8), with_items = std::min(warps, std::ceil(rows / 16) * M);
+  const double stores = 4 * std::ceil(Hm / 64) + 4 * (Hm / 16) * (L / 8);  // a warp's dW1, db1 pairs; dW2^T
+  const double sums = std::ceil((2 * Hm + L * Hm) / 32) * (with_items + 2);  // warp partials read; dparams RMW
+  const double dw = 32 * (d / 16) * KM;  // dW's read-modify-write, 4-way
+  return with_items * stores + sums + dw;
 }
 
 // Where a kernel's FLOPs go, for the wavefront and tensor-core split.
@@ -313,7 +328,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.flops = BH * N * (Fq + den_row + grad_row + D * (2 * dv + norm) + Jq);
     sp.fm = BH * N * (Fq + (jt_tc ? 0 : Jq));
     sp.jt_tc = jt_tc ? BH * N * JQ.tc_flops : 0;
-    sp.jt_wave = jt_tc ? BH * N * JQ.wavefronts : 0;
+    sp.jt_wave = jt_tc ? BH * N * JQ.wavefronts + BH * nt * jacobian_per_tile(s, c.block_tokens(), c.warps()) : 0;
     // mma: G S^T (three split terms); den and the rank-one r z^T on CUDA cores.
     sp.product = BH * N * (tensor ? 2 * D * dv : den_row + D * (2 * dv + norm));
     sp.tc_terms = 3;
@@ -323,7 +338,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     k.flops = BH * N * (Fk + 2 * D * dv /* dphi */ + 2 * dv * D /* dv */ + Jk);
     sp.fm = BH * N * (Fk + (jt_tc ? 0 : Jk));
     sp.jt_tc = jt_tc ? BH * N * JK.tc_flops : 0;
-    sp.jt_wave = jt_tc ? BH * N * JK.wavefronts : 0;
+    sp.jt_wave = jt_tc ? BH * N * JK.wavefronts + BH * nt * jacobian_per_tile(s, c.block_tokens(), c.warps()) : 0;
     sp.product = BH * N * 4 * D * dv;
     // mma: Phi_k dS three split terms; V dS^T two (bf16 V exact), three for
     // fp16 I/O (V split into bf16 hi + lo).
@@ -382,7 +397,7 @@ Result<KernelCounts> backward_counts(const AttentionSpec& s, const TileConfig& c
     sp.scores_tc = BH * (scores_tc + intra_tc);
     sp.fm = BH * N * (Fq + Fk + (jt_tc ? 0 : J));
     sp.jt_tc = jt_tc ? BH * N * (dq ? JQ : JK).tc_flops : 0;
-    sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts : 0;
+    sp.jt_wave = jt_tc ? BH * N * (dq ? JQ : JK).wavefronts + BH * nt * jacobian_per_tile(s, cc, c.warps()) : 0;
     sp.product = BH * inter;
     sp.tc_terms = terms / inter;
     // The shared wavefronts of the intra-chunk terms as the code issues them

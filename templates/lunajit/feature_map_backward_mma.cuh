@@ -140,11 +140,28 @@ struct MmaFeatureBackward<K, TK, true> {
     unsigned* dpre_h = reinterpret_cast<unsigned*>(stage);
     unsigned* dpre_lo = reinterpret_cast<unsigned*>(stage + kDpreFloats);
     mma_detail::split_rows<NT, D, PD, PS>(dphi, dpre_h, dpre_lo, valid, Tk);
-    for (int l = threadIdx.x; l < L; l += NT) {  // db2, rows then projections in order
-      float s = dparams[FM::kB2 + l];
-      for (int r = 0; r < valid; ++r)
-        for (int i = 0; i < M; ++i) s += dphi[r * PS + i * L + l];
-      dparams[FM::kB2 + l] = s;
+    if constexpr (32 % L == 0 && D % 32 == 0) {
+      // db2_l = sum over rows and projections of dpre[r][i L + l]: warp 0 reads
+      // whole 32-float runs of a row (one wavefront each; lane f holds channel
+      // f mod L), then a fixed xor tree sums the lanes of a channel. The 8
+      // threads that walked rows x projections in series took valid M loads
+      // each, one wavefront per 8 floats.
+      if (warp == 0) {
+        float s = 0.0f;
+        for (int r = 0; r < valid; ++r)
+#pragma unroll
+          for (int f = lane; f < D; f += 32) s += dphi[r * PS + f];
+#pragma unroll
+        for (int o = L; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane < L) dparams[FM::kB2 + lane] += s;
+      }
+    } else {
+      for (int l = threadIdx.x; l < L; l += NT) {  // db2, rows then projections in order
+        float s = dparams[FM::kB2 + l];
+        for (int r = 0; r < valid; ++r)
+          for (int i = 0; i < M; ++i) s += dphi[r * PS + i * L + l];
+        dparams[FM::kB2 + l] = s;
+      }
     }
     __syncthreads();  // u, dpre's tiles; the walk's hidden tiles overwrite the x tile
 
