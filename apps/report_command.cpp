@@ -34,6 +34,13 @@ Result<report::ReportOptions> options_from(const ReportArgs& a) {
   if (a.repeats < 1) return Error::invalid(fmt::format("--repeats = {}: must be >= 1", a.repeats));
   o.measure_repeats = a.repeats;
   o.reference = a.reference;
+  if (!a.config.empty()) {
+    try {
+      o.config = nlohmann::json::parse(a.config);
+    } catch (const nlohmann::json::exception& e) {
+      return Error::invalid(fmt::format("--config: not JSON ({})", e.what()));
+    }
+  }
   return o;
 }
 
@@ -81,6 +88,9 @@ ReportCommand add_report_command(CLI::App& app, ReportArgs& a) {
                      "shared-memory bank-conflict sites");
   c.report->add_flag("--no-compile", a.no_compile, "skip NVRTC (no registers, spills or occupancy)");
   c.report->add_option("--repeats", a.repeats, "launches per timed kernel on a GPU");
+  c.report->add_option("--config", a.config,
+                       "tile config JSON over every pass's default (in place of the tuning database), e.g. "
+                       "'{\"state_splits\": 1}'; also used by --bank-profile");
   c.report->add_option("--reference", a.reference,
                        "the arch the summary's speedups are relative to (default: the first --arch)");
   c.compare = c.report->add_subcommand("compare", "several report.json on one multi-arch page: the summary with "

@@ -26,6 +26,7 @@ struct ReportArgs {
   std::string causal = "spec";
   bool no_measure = false;
   bool bank_profile = false;  // --bank-profile
+  std::string config;         // --config: a tile config JSON over every pass's default
   bool no_compile = false;
   int repeats = 20;
   std::string reference;          // --reference: the summary's speedup reference (default: the first arch)

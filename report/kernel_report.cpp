@@ -46,7 +46,7 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 // The host bank profile (ReportOptions::bank_profile): per causal variant and
 // pass, the sites of block (0,0,0) with wavefronts above the conflict-free count.
 json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variants, const Arch& arch,
-                  const ProblemShape& first, json& notes) {
+                  const ProblemShape& first, const json& given, json& notes) {
   const ProblemShape shape{1, 1, std::min(first.seq, 256)};
   HostBackend host;
   host.set_sanitize(host::parse_sanitize("banks").value_or_throw());
@@ -59,8 +59,10 @@ json bank_profile(const AttentionSpec& spec_in, const std::vector<bool>& variant
       const std::vector<host::KernelBankSite> before = host::bank_sites_so_far();
       CheckOptions o;
       o.shape = shape;
-      // One config for the check and the model rows beside it.
-      const TileConfig config = default_config(spec, arch, pass);
+      // One config for the check and the model rows beside it: the default,
+      // or the given one over it (build_report has checked that it parses).
+      TileConfig config = default_config(spec, arch, pass);
+      if (!given.is_null()) config = tile_config_from_json(given, config).value_or_throw();
       Status st = ok_status();
       if (pass == Pass::forward) {
         auto r = check_forward(host, spec, config, o);
@@ -194,6 +196,14 @@ ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pas
   return {choice.config, fmt::format("{} ({} bucket {})", choice.method, to_string(choice.from), bucket), true, bucket};
 }
 
+Result<ReportConfig> report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape,
+                                   const json& given) {
+  if (given.is_null()) return report_config(spec, arch, pass, shape);
+  auto c = tile_config_from_json(given, default_config(spec, arch, pass));
+  if (!c) return Error::invalid("--config: " + c.error().message);
+  return ReportConfig{*c, "given (--config)", false, ""};
+}
+
 Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt) {
   if (auto st = validate(spec_in); !st) return st.error();
   if (opt.archs.empty()) return Error::invalid("archs: empty; expected e.g. sm_80,sm_90,sm_100");
@@ -244,11 +254,17 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
         // The feature map kernel does not depend on causality: reported once.
         if (pass == Pass::feature_map && vi > 0) continue;
         json pass_row = {{"arch", arch.name()}, {"pass", to_string(pass)}, {"causal", spec.causal}};
-        const ReportConfig probe = report_config(spec, arch, pass, opt.shapes.front());
+        auto probed = report_config(spec, arch, pass, opt.shapes.front(), opt.config);
+        if (!probed) return probed.error();
+        const ReportConfig& probe = *probed;
         auto probe_src = generate(spec, probe.config, pass);
-        if (!probe_src) {
+        // A given config may not fit this arch or pass (the tuner's and the
+        // defaults' configs do): the pass is skipped with can_implement's reason.
+        Status fits = ok_status();
+        if (!opt.config.is_null()) fits = can_implement(spec, probe.config, arch, pass);
+        if (!probe_src || !fits) {
           pass_row["status"] = "skipped";
-          pass_row["note"] = probe_src.error().message;
+          pass_row["note"] = !fits ? fits.error().message : probe_src.error().message;
           passes.push_back(pass_row);
           continue;
         }
@@ -257,7 +273,9 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
         passes.push_back(pass_row);
 
         for (const ProblemShape& shape : opt.shapes) {
-          const ReportConfig choice = report_config(spec, arch, pass, shape);
+          auto chosen = report_config(spec, arch, pass, shape, opt.config);
+          if (!chosen) return chosen.error();
+          const ReportConfig& choice = *chosen;
           auto src = generate(spec, choice.config, pass);
           if (!src) return src.error();
           const auto& compiled = opt.compile ? resources.get(*src, arch)
@@ -428,7 +446,8 @@ Result<json> build_report(const AttentionSpec& spec_in, const ReportOptions& opt
   for (const auto& s : opt.shapes) shapes.push_back(shape_json(s));
   report["shapes"] = shapes;
   report["archs"] = archs;
-  if (opt.bank_profile) report["bank_conflicts"] = bank_profile(spec_in, variants, opt.archs.front(), opt.shapes.front(), notes);
+  if (opt.bank_profile)
+    report["bank_conflicts"] = bank_profile(spec_in, variants, opt.archs.front(), opt.shapes.front(), opt.config, notes);
   report["passes"] = passes;
   report["kernels"] = kernels;
   report["notes"] = notes;

@@ -48,10 +48,16 @@ struct ReportOptions {
   int measure_repeats = 20;
   BinaryCache* cache = nullptr;  // nullptr: BinaryCache::global()
   // Host bank profile (README "Host sanitizers", banks): every pass at the
-  // default config of the first arch, run on the host under the banks check
-  // at shape (1, 1, min(seq of the first shape, 128)); the report gains
+  // default config of the first arch (or `config` over it), run on the host
+  // under the banks check at shape (1, 1, min(seq of the first shape, 256));
+  // the report gains
   // "bank_conflicts" (the sites with the most wavefronts above conflict-free).
   bool bank_profile = false;
+  // A tile config (JSON, `lunajit run --config`'s form) applied over every
+  // pass's config in place of the tuning database's choice, and over the
+  // bank profile's default: every kernel is reported at it, marked "given".
+  // null: none. A pass the config cannot implement is listed as skipped.
+  nlohmann::json config;
   // The arch whose column the summary's speedups are relative to (report/summary.h);
   // empty: the first of `archs`. Error when it is not one of them.
   std::string reference;
@@ -69,6 +75,11 @@ struct ReportConfig {
   std::string bucket;  // the entry's shape bucket, "seq1024/bh8"; empty when not tuned
 };
 ReportConfig report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape);
+// With a given config (ReportOptions::config, non-null): the default config of
+// (spec, arch, pass) with it applied, how = "given (--config)". Error names
+// the field when the JSON is not a tile config.
+Result<ReportConfig> report_config(const AttentionSpec& spec, const Arch& arch, Pass pass, const ProblemShape& shape,
+                                   const nlohmann::json& given);
 
 // Builds the report; Error only for bad input (no archs or shapes, an invalid
 // spec or shape). A pass the generator rejects (backward, until it exists) is

@@ -59,7 +59,9 @@ std::string config_text(const std::map<std::string, PassSum>& passes) {
     auto it = passes.find(pass);
     if (it == passes.end()) continue;
     const std::string& how = it->second.how;
-    const std::string text = how == "default (untuned)" ? "default" : "tuned: " + how;
+    const std::string text = how == "default (untuned)"  ? "default"
+                             : how == "given (--config)" ? "given (--config)"
+                                                         : "tuned: " + how;
     out += fmt::format("{}{} {}", out.empty() ? "" : "; ", pass == std::string("forward") ? "fwd" : "bwd", text);
   }
   return out.empty() ? "-" : out;

@@ -22,7 +22,7 @@
 //   param_layout(spec)                       the flat layout as JSON
 //   canonical_spec(spec) / default_spec(family)   validated canonical spec JSON
 //   tune(spec, shapes, arch, backend, pass, max_candidates, retune)   the tuner; JSON
-//   report(spec, archs, shapes, out, measure, compile)                a kernel report; JSON
+//   report(spec, archs, shapes, out, measure, compile, config)        a kernel report; JSON
 //   build_info()                             versions this library was built with
 //
 // `spec` is spec JSON text or a spec file (codegen load_spec). Every bad
@@ -257,9 +257,14 @@ std::string tune_op(const std::string& spec_text, const std::vector<int64_t>& sh
 }
 
 std::string report_op(const std::string& spec_text, const std::string& archs, const std::vector<int64_t>& shapes,
-                      const std::string& out, bool measure, bool compile) {
+                      const std::string& out, bool measure, bool compile, const std::string& config) {
   const AttentionSpec spec = parse_spec(spec_text);
   report::ReportOptions o;
+  if (!config.empty()) {
+    // A tile config over every pass's default (`lunajit report --config`).
+    o.config = json::parse(config, nullptr, /*allow_exceptions=*/false);
+    TORCH_CHECK(!o.config.is_discarded(), "report: config: not JSON: ", config);
+  }
   o.archs = unwrap(parse_arch_list(archs), "report: archs");
   o.shapes = shapes_of(shapes, "report");
   o.measure = measure;
@@ -302,7 +307,8 @@ TORCH_LIBRARY(lunajit, m) {
   m.def("tune(str spec, int[] shapes, str arch=\"\", str backend=\"auto\", str pass_=\"all\", int max_candidates=0, "
         "bool retune=False) -> str",
         &lunajit::tune_op);
-  m.def("report(str spec, str archs, int[] shapes, str out=\"\", bool measure=True, bool compile=True) -> str",
+  m.def("report(str spec, str archs, int[] shapes, str out=\"\", bool measure=True, bool compile=True, "
+        "str config=\"\") -> str",
         &lunajit::report_op);
   m.def("build_info() -> str", &lunajit::build_info_op);
 }

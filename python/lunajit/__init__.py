@@ -225,13 +225,23 @@ def tune(spec=None, shapes=((4, 8, 1024),), *, arch="", backend="auto", pass_="a
 
 
 def report(spec=None, shapes=((2, 16, 1024),), *, archs="sm_80,sm_90", out=None, measure=True, compile=True,
-           family="luna"):
+           family="luna", config=None):
     """A kernel report of `spec` (as `lunajit report`): resources, occupancy,
     bytes/FLOPs, roofline and, on a GPU, measured times. Returns the report dict;
-    with `out`, also writes report.json, report.md and report.html there."""
+    with `out`, also writes report.json, report.md and report.html there.
+    `config` (a dict or JSON text, e.g. {"state_splits": 1}): every pass at that
+    tile config over its default instead of the tuned one (`--config`)."""
     text = canonical_spec(make_spec(spec, family))
+    if config is None:
+        config_text = ""
+    elif isinstance(config, str):
+        config_text = config
+    elif isinstance(config, dict):
+        config_text = json.dumps(config)
+    else:
+        raise TypeError(f"config: expected a dict or JSON text, got {type(config).__name__}")
     return json.loads(torch.ops.lunajit.report(text, archs, _flat_shapes(shapes), out or "", bool(measure),
-                                               bool(compile)))
+                                               bool(compile), config_text))
 
 
 from . import nn  # noqa: E402  (needs the op library loaded above)

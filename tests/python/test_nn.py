@@ -249,6 +249,15 @@ def test_report_and_tune_ops(tmp_path, monkeypatch):
     spec = lunajit.make_spec(family="elu", head_dim=16, value_dim=16, dtype="fp32")
     r = lunajit.report(spec, shapes=[(1, 2, 64)], archs="sm_90", measure=False, compile=False)
     assert r["kernels"] and r["spec"]["family"] == "elu"
+    given = lunajit.report(spec, shapes=[(1, 2, 64)], archs="sm_90", measure=False, compile=False,
+                           config={"state_splits": 1})
+    assert given["kernels"]
+    assert all(k["config"]["how"] == "given (--config)" and k["config"]["tile"]["state_splits"] == 1
+               for k in given["kernels"])
+    with pytest.raises(ValueError, match="config.chunk = 7"):
+        lunajit.report(spec, shapes=[(1, 2, 64)], archs="sm_90", measure=False, compile=False, config='{"chunk": 7}')
+    with pytest.raises(TypeError, match="config"):
+        lunajit.report(spec, shapes=[(1, 2, 64)], archs="sm_90", measure=False, compile=False, config=3)
     t = lunajit.tune(spec, shapes=[(1, 2, 64)], backend="host", pass_="forward", max_candidates=2, retune=True)
     (res,) = t["results"]
     assert res["pass"] == "forward" and res["correct"] >= 1 and res["chosen"]

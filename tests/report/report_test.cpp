@@ -542,6 +542,61 @@ TEST(ReportCensus, CausalKernelsCountTheirOutOfLineWalks) {
   fs::remove_all(dir);
 }
 
+// --config: every pass at the given tile config, marked so, in place of the
+// tuning database's choice (and in the bank profile); a bad field is an
+// error naming it; a config an arch cannot implement skips the pass with why.
+TEST(ReportGivenConfig, EveryKernelRunsAtItAndSaysSo) {
+  ReportOptions opt;
+  opt.archs.push_back(arch_from_sm(90).value_or_throw());
+  opt.shapes = parse_shapes("1,1,40").value_or_throw();
+  opt.causal = CausalVariants::both;
+  opt.compile = false;
+  opt.measure = false;
+  opt.bank_profile = true;
+  opt.config = json{{"state_splits", 1}};
+  const AttentionSpec spec = default_spec(Family::elu);  // small kernels: the test stays quick
+  auto r = build_report(spec, opt);
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_FALSE(r->at("kernels").empty());
+  for (const json& k : r->at("kernels")) {
+    const std::string where = k.at("pass").get<std::string>() + " " + k.at("kernel").get<std::string>();
+    EXPECT_EQ(k.at("config").at("how"), "given (--config)") << where;
+    EXPECT_FALSE(k.at("config").at("tuned").get<bool>()) << where;
+    EXPECT_EQ(k.at("config").at("tile").at("state_splits"), 1) << where;
+  }
+  // The bank profile ran at it too: one range, so the causal forward walks in
+  // one block with no per-range state pass (the default's 4 ranges: 4 blocks
+  // and a state kernel).
+  ASSERT_TRUE(r->contains("bank_conflicts"));
+  bool walked = false;
+  for (const json& k : r->at("bank_conflicts").at("kernels")) {
+    if (!k.at("causal").get<bool>() || k.at("pass") != "forward") continue;
+    EXPECT_NE(k.at("role"), "state") << k.dump();
+    if (k.at("role") != "causal_chunk") continue;
+    walked = true;
+    EXPECT_EQ(k.at("blocks").get<double>(), 1.0) << k.dump();
+  }
+  EXPECT_TRUE(walked);
+
+  opt.bank_profile = false;
+  opt.config = json{{"chunk", 7}};
+  auto bad = build_report(spec, opt);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("config.chunk = 7"), std::string::npos) << bad.error().message;
+
+  opt.config = json{{"dv_block", 128}};  // twice elu's value_dim 64: can_implement refuses it
+  auto skipped = build_report(spec, opt);
+  ASSERT_TRUE(skipped) << skipped.error().message;
+  int passes = 0;
+  for (const json& p : skipped->at("passes")) {
+    if (p.at("pass") == "feature_map") continue;
+    ++passes;
+    EXPECT_EQ(p.at("status"), "skipped") << p.dump();
+    EXPECT_NE(p.at("note").get<std::string>().find("dv_block"), std::string::npos) << p.dump();
+  }
+  EXPECT_EQ(passes, 4);  // forward and backward, causal and not
+}
+
 // --bank-profile: the host-profiled bank conflicts, valid against the schema,
 // in the Markdown, and non-trivial for the causal kernels (the dot products over
 // rows of phi tiles are strided by D floats: many lanes on one bank).
