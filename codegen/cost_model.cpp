@@ -225,7 +225,7 @@ double jacobian_per_tile(const AttentionSpec& s, double rows, double warps) {
   const double KM = std::ceil(M / 8), with_items = std::min(warps, std::ceil(rows / 16) * M);
   const double stores = 4 * std::ceil(Hm / 64) + 4 * (Hm / 16) * (L / 8);  // a warp's dW1, db1 pairs; dW2^T
   const double sums = std::ceil((2 * Hm + L * Hm) / 32) * (with_items + 2);  // warp partials read; dparams RMW
-  const double dw = 32 * (d / 16) * KM;  // dW's read-modify-write, 4-way
+  const double dw = 16 * (d / 16) * KM;  // dW's read-modify-write, 2-way
   return with_items * stores + sums + dw;
 }
 

@@ -315,9 +315,10 @@
 //         partials, 4 ceil(Hm / 64) (dW1, db1 as 64-bit pairs) + 4 Hm/16 L/8
 //         (dW2^T's fragments); the block sums them, ceil((2 Hm + L Hm) / 32)
 //         (W + 2) (the W partials read, dparams read and written); dW's
-//         read-modify-write of dparams, 32 d/16 KM (a C fragment's t lanes
-//         share a bank: 4 wavefronts an access). At the default: 488 a causal
-//         16-token chunk on 8 warps, 328 a 16-token tile on 4 (the emulator's
+//         read-modify-write of dparams, 16 d/16 KM (W's rows are d floats
+//         apart, so only c picks the bank; the odd t lanes take the other
+//         row half: 2 wavefronts an access). At the default: 424 a causal
+//         16-token chunk on 8 warps, 264 a 16-token tile on 4 (the emulator's
 //         counts of those sites).
 //         SFU: M Hm (act + act') (+ 2D for softplus's 1 - exp(-phi/gate)).
 //   - every other map: ESTIMATE, not a count, J = 2F of the same row (the usual

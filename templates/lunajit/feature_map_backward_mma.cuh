@@ -398,10 +398,16 @@ struct MmaFeatureBackward<K, TK, true> {
         mma::mma_m16n8k16<T>(acc, a, blo, acc);
       }
       // C = dW^T: rows c0 + g (+ 8), columns (projections) i0 + 2t (+ 1).
+      // dparams holds W row-major (d floats a projection, d % 16 == 0), so the
+      // bank is c's: in step qq the odd t take the other row half (q = qq ^ 2),
+      // and a g's 4 lanes meet 2 to a bank instead of 4. Each entry still has
+      // one owner lane: the sums are the same.
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
+      for (int qq = 0; qq < 4; ++qq) {
+        const int q = (t & 1) ? (qq ^ 2) : qq;
+        const float v = (t & 1) ? acc[qq ^ 2] : acc[qq];
         const int c = c0 + g + 8 * (q >> 1), i = i0 + 2 * t + (q & 1);
-        if (i < M) dparams[FM::kW + i * d + c] += acc[q];
+        if (i < M) dparams[FM::kW + i * d + c] += v;
       }
     }
     if constexpr (Opt::envelope) {
