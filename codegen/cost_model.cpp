@@ -200,8 +200,9 @@ Jacobian jacobian_per_row(const AttentionSpec& s, bool tensor_cores, double F) {
     // and 4 dU loads at about 2 wavefronts each.
     const double per16 = 8 * (L / 8) + 4 * (Hm / 8) + 8 * (Hm / 16) + 4 * (Hm / 8) + 4;
     // The dU loads read bs's rows 2M + 1 floats apart: a fragment's lanes meet 4 to a bank
-    // (4 wavefronts each, the bank profile's count at the default).
-    const double tail_wave = (d / 8) * (24 * KM + 16) / 16 + (d / 16) * KM * 20 / 16;
+    // (4 wavefronts each, the bank profile's count at the default); dx's, once per warp
+    // and m-tile, are in jacobian_per_tile.
+    const double tail_wave = (d / 8) * (8 * KM + 16) / 16 + (d / 16) * KM * 20 / 16;
     j.wavefronts = M / 16 * per16 + 20 * D / 128 + 2 * d / 64 + M8 / 8 + tail_wave;
     j.sfu = M * Hm * (sfu_h + sfu_g) + soft * 2 * D;
     return j;
@@ -226,7 +227,9 @@ double jacobian_per_tile(const AttentionSpec& s, double rows, double warps) {
   const double stores = 4 * std::ceil(Hm / 64) + 4 * (Hm / 16) * (L / 8);  // a warp's dW1, db1 pairs; dW2^T
   const double sums = std::ceil((2 * Hm + L * Hm) / 32) * (with_items + 2);  // warp partials read; dparams RMW
   const double dw = 16 * (d / 16) * KM;  // dW's read-modify-write, 2-way
-  return with_items * stores + sums + dw;
+  // dx's dU A fragments: 4 loads of 4 wavefronts per k-step, once per (m-tile, slot) unit.
+  const double dx_du = std::ceil(rows / 16) * std::min(warps, d / 8) * KM * 16;
+  return with_items * stores + sums + dw + dx_du;
 }
 
 // Where a kernel's FLOPs go, for the wavefront and tensor-core split.

@@ -302,13 +302,13 @@
 //         loads, 4 u and du) + 20 D / 128 (dpre's fp32 passes, hi + lo tiles)
 //         + 2 d / 64 (x's bf16 copy and its ldmatrix) + M8 / 8 (u's stores,
 //         4-way: bs's rows 2M + 1 floats apart)
-//         + d/8 (24 KM + 16) / 16 (dx per 8 columns and 16 rows: 4 dU loads of
-//         4 wavefronts, since bs's rows are 2M + 1 floats apart and a fragment's
-//         lanes meet 4 to a bank, and 8 W wavefronts per k-step of KM = M8 / 8,
-//         16 for its two 64-bit stores, whose fragment rows share banks)
-//         + d/16 KM 20 / 16 (dW: an ldmatrix.x4 and 4 dU loads of 4 wavefronts
-//         per 16 columns, 16 rows). At the default: 92 (the fp32 map: 282;
-//         130.25 with dx, dW in fp32, 4 d M / 32).
+//         + d/8 (8 KM + 16) / 16 (dx per 8 columns and 16 rows: 8 W wavefronts
+//         per k-step of KM = M8 / 8, 16 for its two 64-bit stores, whose
+//         fragment rows share banks; its dU loads are per tile, below)
+//         + d/16 KM 20 / 16 (dW: an ldmatrix.x4 and 4 dU loads of 4 wavefronts,
+//         since bs's rows are 2M + 1 floats apart and a fragment's lanes meet 4
+//         to a bank, per 16 columns, 16 rows). At the default: 84 (the fp32
+//         map: 282; 130.25 with dx, dW in fp32, 4 d M / 32).
 //         Wavefronts per call (jacobian_per_tile; one call per token tile of
 //         T rows, T = block_tokens or the chunk, on NW warps, W = min(NW,
 //         ceil(T / 16) M) of which hold items): each of the W warps stores its
@@ -317,9 +317,11 @@
 //         (W + 2) (the W partials read, dparams read and written); dW's
 //         read-modify-write of dparams, 16 d/16 KM (W's rows are d floats
 //         apart, so only c picks the bank; the odd t lanes take the other
-//         row half: 2 wavefronts an access). At the default: 424 a causal
-//         16-token chunk on 8 warps, 264 a 16-token tile on 4 (the emulator's
-//         counts of those sites).
+//         row half: 2 wavefronts an access); dx's dU A fragments, 4 loads of 4
+//         wavefronts per k-step once per (m-tile, slot) unit, ceil(T / 16)
+//         min(NW, d/8) KM 16. At the default: 552 a causal 16-token chunk on 8
+//         warps, 328 a 16-token tile on 4 (the emulator's counts of those
+//         sites).
 //         SFU: M Hm (act + act') (+ 2D for softplus's 1 - exp(-phi/gate)).
 //   - every other map: ESTIMATE, not a count, J = 2F of the same row (the usual
 //     "backward of a layer costs twice its forward" rule; relu's true J^T is d

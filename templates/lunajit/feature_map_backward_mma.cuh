@@ -335,7 +335,7 @@ struct MmaFeatureBackward<K, TK, true> {
   // lo, W too; x's bf16 copy is exact:
   //   dx:  m16n8k8, A = dU (16 rows x 8 projections, from bs), B = W (8
   //        projections x 8 columns, from L1), three split terms; per (m-tile,
-  //        8-column n-tile) item;
+  //        slot) unit, the slot's 8-column n-tiles with one A;
   //   dW^T = X^T dU: m16n8k16, A = X^T by ldmatrix.trans of x's copy, B = dU
   //        (16 rows x 8 projections), two terms (x exact); per (16-column
   //        m-tile, 8-projection n-tile) item, over the rows in order; each
@@ -352,35 +352,49 @@ struct MmaFeatureBackward<K, TK, true> {
     __syncthreads();
     const int mtiles = (valid + 15) / 16;
     const auto du = [&](int r, int i) { return r < valid && i < M ? bs[r * S + 1 + M + i] : 0.0f; };
-    for (int item = warp; item < mtiles * NTD; item += NW) {  // warp-uniform
-      const int m0 = (item / NTD) * 16, c0 = (item % NTD) * 8;
+    // Units (m-tile, slot), slot < SL = min(NW, NTD): a unit's warp splits dU's
+    // A fragments once and runs the n-tiles slot, slot + SL, ... with them (the
+    // fragment loads are 4-way: bs's rows are 2M + 1 floats apart), where one
+    // (m-tile, n-tile) item per warp re-read them for every n-tile. Each dx
+    // entry's sum is the same three products in the same k order.
+    constexpr int SL = NW < NTD ? NW : NTD;
+    for (int unit = warp; unit < mtiles * SL; unit += NW) {  // warp-uniform
+      const int m0 = (unit / SL) * 16, slot = unit % SL;
       const int r0 = m0 + g, r1 = m0 + g + 8;
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      unsigned ahi[KM][2], alo[KM][2];
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) {
         const int i = kk * 8 + 2 * t;
-        unsigned ahi[2], alo[2], bhi[1], blo[1];
-        mma_detail::split_bf16x2(du(r0, i), du(r0, i + 1), ahi[0], alo[0]);
-        mma_detail::split_bf16x2(du(r1, i), du(r1, i + 1), ahi[1], alo[1]);
-        const int c = c0 + g;
-        mma_detail::split_bf16x2(i < M ? p[FM::kW + i * d + c] : 0.0f, i + 1 < M ? p[FM::kW + (i + 1) * d + c] : 0.0f,
-                                 bhi[0], blo[0]);
-        mma::mma_m16n8k8<T>(acc, ahi, bhi, acc);
-        mma::mma_m16n8k8<T>(acc, ahi, blo, acc);
-        mma::mma_m16n8k8<T>(acc, alo, bhi, acc);
+        mma_detail::split_bf16x2(du(r0, i), du(r0, i + 1), ahi[kk][0], alo[kk][0]);
+        mma_detail::split_bf16x2(du(r1, i), du(r1, i + 1), ahi[kk][1], alo[kk][1]);
       }
-      // Rows g, g + 8, columns c0 + 2t, + 1: one 64-bit store each (a fragment's 8
-      // rows share banks at the d-float stride: 4 wavefronts per half-warp).
+      for (int nt = slot; nt < NTD; nt += SL) {
+        const int c0 = nt * 8;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = h == 0 ? r0 : r1, c = c0 + 2 * t;
-        if (r >= valid) continue;
-        float v0 = acc[2 * h], v1 = acc[2 * h + 1];
-        if constexpr (Opt::envelope) {
-          v0 = fmaf(bs[r * S], p[FM::kA + c], v0);
-          v1 = fmaf(bs[r * S], p[FM::kA + c + 1], v1);
+        for (int kk = 0; kk < KM; ++kk) {
+          const int i = kk * 8 + 2 * t;
+          unsigned bhi[1], blo[1];
+          const int c = c0 + g;
+          mma_detail::split_bf16x2(i < M ? p[FM::kW + i * d + c] : 0.0f,
+                                   i + 1 < M ? p[FM::kW + (i + 1) * d + c] : 0.0f, bhi[0], blo[0]);
+          mma::mma_m16n8k8<T>(acc, ahi[kk], bhi, acc);
+          mma::mma_m16n8k8<T>(acc, ahi[kk], blo, acc);
+          mma::mma_m16n8k8<T>(acc, alo[kk], bhi, acc);
         }
-        mma_detail::store_pair(dx + r * d + c, v0, v1);
+        // Rows g, g + 8, columns c0 + 2t, + 1: one 64-bit store each (a fragment's 8
+        // rows share banks at the d-float stride: 4 wavefronts per half-warp).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = h == 0 ? r0 : r1, c = c0 + 2 * t;
+          if (r >= valid) continue;
+          float v0 = acc[2 * h], v1 = acc[2 * h + 1];
+          if constexpr (Opt::envelope) {
+            v0 = fmaf(bs[r * S], p[FM::kA + c], v0);
+            v1 = fmaf(bs[r * S], p[FM::kA + c + 1], v1);
+          }
+          mma_detail::store_pair(dx + r * d + c, v0, v1);
+        }
       }
     }
     const T* x_h = reinterpret_cast<const T*>(x_stage);

@@ -289,13 +289,14 @@ TEST(CostModelCounts, MmaBackwardCountsTheSplitProducts) {
     EXPECT_EQ(k.tc_dtype, DType::bf16);
   }
   const auto dq = kernel_counts(s, c, Pass::backward, "dq", shape).value_or_throw();
-  // dq = phi on tensor cores (20 per row) + the J^T's 92 per row and, for its one
-  // 64-row tile on 4 warps, 264 (4 warps x (4 + 16) partial stores, 20 x (4 + 2)
-  // for their sum into dparams, 64 for dW's 2-way read-modify-write) + G S^T's
-  // 3 split terms.
+  // dq = phi on tensor cores (20 per row) + the J^T's 84 per row and, for its one
+  // 64-row tile on 4 warps, 520 (4 warps x (4 + 16) partial stores, 20 x (4 + 2)
+  // for their sum into dparams, 64 for dW's 2-way read-modify-write, 4 m-tiles x
+  // 4 warps x 16 for dx's dU fragments) + G S^T's 3 split terms.
   EXPECT_DOUBLE_EQ(dq.smem_wavefronts,
-                   N * (20 + 92) + 264 + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
-  // The per-tile term scales with the tiles: 16-token tiles (4 here) pay it four times.
+                   N * (20 + 84) + 520 + 3 * N * 2 * D * dv * 2 * 64 / (2 * 32 * 32) / 128);
+  // The per-tile term scales with the tiles: 16-token tiles (4 here) pay the
+  // reductions four times (dx's dU fragments are per m-tile either way).
   const auto dq16 = kernel_counts(s, TileConfig(16, 4, 64, 64, 1).with_mma(true), Pass::backward, "dq", shape)
                         .value_or_throw();
   EXPECT_DOUBLE_EQ(dq16.smem_wavefronts - dq.smem_wavefronts, 3 * 264);
