@@ -16,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -80,8 +83,13 @@ CliResult run_cli(const std::vector<std::string>& args, const RunOptions& o) {
       struct rlimit rl {static_cast<rlim_t>(o.max_file_bytes), static_cast<rlim_t>(o.max_file_bytes)};
       ::setrlimit(RLIMIT_FSIZE, &rl);
     }
-    if (o.uid != 0 && (::setgroups(0, nullptr) != 0 || ::setgid(o.uid) != 0 || ::setuid(o.uid) != 0)) ::_exit(127);
+    if (o.uid != 0 && (::setgroups(0, nullptr) != 0 || ::setgid(o.uid) != 0 || ::setuid(o.uid) != 0)) {
+      std::fprintf(stderr, "cache_cli_test: cannot become uid %u: %s\n", unsigned(o.uid), std::strerror(errno));
+      ::_exit(127);
+    }
     ::execve(LUNAJIT_CLI, argv.data(), envp.data());
+    std::fprintf(stderr, "cache_cli_test: exec %s as uid %u: %s\n", LUNAJIT_CLI, unsigned(::getuid()),
+                 std::strerror(errno));
     ::_exit(127);
   }
   ::close(out_pipe[1]);
@@ -296,8 +304,24 @@ TEST_F(CacheCli, InsecureCacheDirectoryIsRefusedWithExit1) {
   EXPECT_TRUE(contains(r.err, "is owned by nobody (uid 65534), not by you")) << describe(r);
 }
 
+// The first directory on the way to `path` that others cannot search (o+x),
+// or empty: whether a process of another user (nobody) can exec the CLI.
+std::string unreachable_by_others(const fs::path& path) {
+  for (fs::path p = fs::absolute(path).parent_path(); !p.empty(); p = p.parent_path()) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) return p.string();
+    if (p == p.root_path()) break;
+  }
+  return "";
+}
+
 TEST_F(CacheCli, ReadOnlyCacheAsNonRootUserIsReadCountedAndClearSaysWhatFailed) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to hand the cache to nobody";
+  // A build tree under a 0700 directory (mktemp -d) cannot be run by nobody:
+  // the test would only see exec fail.
+  if (const std::string dir = unreachable_by_others(LUNAJIT_CLI); !dir.empty())
+    GTEST_SKIP() << "nobody cannot reach the CLI " << LUNAJIT_CLI << ": " << dir
+                 << " is not searchable by others (chmod o+x it, or build in a checkout others can read)";
   const CliResult warm = cli({"run", "--backend", "host", "--batch", "1", "--heads", "1", "--seq", "16"});
   ASSERT_EQ(warm.exit_code, 0) << describe(warm);
   spit(root_ / "in.json", export_doc(2).dump());
