@@ -542,6 +542,19 @@ TEST(ReportCensus, CausalKernelsCountTheirOutOfLineWalks) {
   fs::remove_all(dir);
 }
 
+// A report of sm_90 at one shape, causal and not, with no NVRTC and no GPU:
+// only the host bank profile and the model (the bank-profile tests).
+ReportOptions host_bank_profile_options(const char* shape) {
+  ReportOptions opt;
+  opt.archs.push_back(arch_from_sm(90).value_or_throw());
+  opt.shapes = parse_shapes(shape).value_or_throw();
+  opt.causal = CausalVariants::both;
+  opt.compile = false;
+  opt.measure = false;
+  opt.bank_profile = true;
+  return opt;
+}
+
 // The cost model's shared-memory wavefronts against the emulator, for the
 // default LUNA spec's tensor-core backward kernels (block (0,0,0) at the
 // bank profile's 1 x 1 x 256): within 30% either way. The model also counts
@@ -549,16 +562,10 @@ TEST(ReportCensus, CausalKernelsCountTheirOutOfLineWalks) {
 // does not price every bank conflict, so the two need not agree exactly; a
 // term the model lost shows as a ratio out of the band (without the J^T's
 // per-tile reductions, jacobian_per_tile: causal_dq 1.43). The forward
-// kernels are left out: their
-// feature map's parameter reads through L1 put the model at 1.4-2.9x.
+// kernels are left out: their feature map's parameter reads through L1 put
+// the model at 1.4-2.9x.
 TEST(ReportBanks, ModelTracksTheEmulatorOnTheDefaultBackward) {
-  ReportOptions opt;
-  opt.archs.push_back(arch_from_sm(90).value_or_throw());
-  opt.shapes = parse_shapes("1,1,256").value_or_throw();
-  opt.causal = CausalVariants::both;
-  opt.compile = false;
-  opt.measure = false;
-  opt.bank_profile = true;
+  ReportOptions opt = host_bank_profile_options("1,1,256");
   AttentionSpec spec = default_spec(Family::luna);
   spec.dtype = DType::bf16;
   auto r = build_report(spec, opt);
@@ -582,13 +589,7 @@ TEST(ReportBanks, ModelTracksTheEmulatorOnTheDefaultBackward) {
 // tuning database's choice (and in the bank profile); a bad field is an
 // error naming it; a config an arch cannot implement skips the pass with why.
 TEST(ReportGivenConfig, EveryKernelRunsAtItAndSaysSo) {
-  ReportOptions opt;
-  opt.archs.push_back(arch_from_sm(90).value_or_throw());
-  opt.shapes = parse_shapes("1,1,40").value_or_throw();
-  opt.causal = CausalVariants::both;
-  opt.compile = false;
-  opt.measure = false;
-  opt.bank_profile = true;
+  ReportOptions opt = host_bank_profile_options("1,1,40");
   opt.config = json{{"state_splits", 1}};
   const AttentionSpec spec = default_spec(Family::elu);  // small kernels: the test stays quick
   auto r = build_report(spec, opt);
@@ -639,13 +640,7 @@ TEST(ReportGivenConfig, EveryKernelRunsAtItAndSaysSo) {
 TEST(ReportBanks, HostProfiledTableValidatesAndNamesTheWorstSites) {
   const fs::path dir = fs::path(LUNAJIT_REPORT_TEST_DIR) / fmt::format("banks-{}", ::getpid());
   fs::remove_all(dir);
-  ReportOptions opt;
-  opt.archs.push_back(arch_from_sm(90).value_or_throw());
-  opt.shapes = parse_shapes("1,1,40").value_or_throw();
-  opt.causal = CausalVariants::both;
-  opt.compile = false;
-  opt.measure = false;
-  opt.bank_profile = true;
+  ReportOptions opt = host_bank_profile_options("1,1,40");
   AttentionSpec spec = default_spec(Family::elu);  // small kernels: the test stays quick
   auto r = build_report(spec, opt);
   ASSERT_TRUE(r) << r.error().message;
